@@ -1,0 +1,230 @@
+"""Public entry points: :func:`svm` and :func:`load` (argument checking and dispatch)."""
+
+from __future__ import annotations
+
+import numbers
+import time
+import warnings
+
+import numpy as np
+import xarray as xr
+
+from .design import build_design
+from .exceptions import ConvergenceWarning, FitFileError, InputError, InputTypeError
+from .inference.gibbs import run_chains
+from .inference.vb import coordinate_ascent
+from .models.linear import LinearSVMModel
+from .results import Fit, ThetaLayout
+
+__all__ = ["svm", "load"]
+
+METHODS = ("vb", "gibbs", "map")
+
+
+def _positive_int(value, name, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputTypeError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise InputError(f"{name} must be an integer >= {minimum}, got {value}.")
+    return int(value)
+
+
+def _positive_float(value, name):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InputTypeError(f"{name} must be a positive number, got {value!r}.")
+    if not (np.isfinite(value) and value > 0):
+        raise InputError(f"{name} must be a positive finite number, got {value!r}.")
+    return float(value)
+
+
+def _check_seed(seed):
+    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0):
+        return None if seed is None else int(seed)
+    raise InputTypeError(f"seed must be a non-negative integer or None, got {seed!r}.")
+
+
+def _check_penalty(penalty):
+    if penalty is None or (isinstance(penalty, str) and penalty == "auto"):
+        return penalty
+    if isinstance(penalty, str):
+        raise InputError(f"penalty must be 'auto', None or a positive number alpha; got {penalty!r}.")
+    return _positive_float(penalty, "penalty")
+
+
+def _layout(model: LinearSVMModel, design) -> ThetaLayout:
+    groups = {}
+    for g in design.groups:
+        groups[g.name] = (g.levels, model.group_slices[g.name])
+    sparse = design.groups[model.sparse_group].name if model.sparse_group is not None else None
+    return ThetaLayout(fixed=list(design.column_names), groups=groups, n_dense=model.qd,
+                       sparse_group=sparse, variances=[c.name for c in model.variance_components])
+
+
+def _dense_transform(design, qd):
+    """Matrix mapping the dense part of theta from the standardized to the original scale."""
+    M = np.eye(qd)
+    M[: design.p, : design.p] = design.to_original()
+    return M
+
+
+def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
+        draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
+        tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95):
+    """Fit a linear Bayesian support vector machine from a formula.
+
+    Parameters
+    ----------
+    formula : str
+        R-style formula, e.g. ``"y ~ x1 + C(sex) + (1 | patient_id)"`` or ``"y ~ ."``.
+    data : pandas.DataFrame
+        The data (never modified).
+    method : {"vb", "gibbs", "map"}
+        Mean-field variational Bayes (Luts & Ormerod Algorithms 1-2), Gibbs sampling
+        (Appendix A) or the posterior mode by EM (with a fixed penalty: the classical SVM).
+    penalty : "auto", float or None
+        ``"auto"``: ``sigma2_u ~ IG(A_u, B_u)`` on the non-intercept fixed effects, so the penalty
+        ``alpha = 1/(4 sigma2_u)`` is inferred; a float fixes ``alpha`` (cost ``C = 1/(2 alpha)``);
+        ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect.
+    prior : None
+        Reserved for sparse priors (``vbsvm.LaplaceZero``).
+    missing : {"drop", "raise", "impute"}
+        Rows with missing predictors: dropped (reported in the summary), an error, or imputed.
+    standardize : bool
+        Standardize the predictors internally (results are reported on the original scale).
+    draws, tune, chains, thin : int
+        Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
+        ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
+    seed : int or None
+        Seed of every random number used (Gibbs chains, VB draws).
+    progress : bool
+        Progress bar for Gibbs.
+    n_jobs : int
+        Processes for Gibbs chains (results do not depend on it).
+    tol, max_iter, accelerate
+        VB convergence: relative ELBO change, sweeps, SQUAREM acceleration. MAP uses ``tol`` on
+        the relative change of the log posterior.
+    sigma2_beta, A_u, B_u : float
+        Prior hyperparameters (paper defaults 1e8, 0.01, 0.01).
+    level : float
+        Interval level of ``coef`` and ``summary()``.
+
+    Returns
+    -------
+    vbsvm.results.Fit
+    """
+    if method not in METHODS:
+        raise InputError(f"method must be one of {METHODS}; got {method!r}.")
+    penalty = _check_penalty(penalty)
+    if prior is not None:
+        raise InputError("prior must be None for the linear SVM in this version.")
+    settings = {
+        "formula": formula, "method": method, "penalty": penalty, "missing": missing,
+        "standardize": bool(standardize), "draws": _positive_int(draws, "draws"),
+        "tune": _positive_int(tune, "tune", minimum=0), "chains": _positive_int(chains, "chains"),
+        "thin": _positive_int(thin, "thin"), "seed": _check_seed(seed),
+        "tol": _positive_float(tol, "tol"), "max_iter": _positive_int(max_iter, "max_iter"),
+        "sigma2_beta": _positive_float(sigma2_beta, "sigma2_beta"), "A_u": _positive_float(A_u, "A_u"),
+        "B_u": _positive_float(B_u, "B_u"), "level": float(level), "accelerate": bool(accelerate),
+    }
+    if not 0 < level < 1:
+        raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
+    if missing == "impute":
+        raise InputError("missing='impute' is not available for this model yet; use 'drop' or 'raise'.")
+    design = build_design(formula, data, standardize=standardize, missing=missing)
+
+    fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
+    if penalty == "auto":
+        fixed_precision[design.penalized] = np.nan
+    elif penalty is not None:
+        fixed_precision[design.penalized] = 4.0 * penalty
+    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
+    model = LinearSVMModel(design.X, design.y, groups, fixed_precision, A=settings["A_u"], B=settings["B_u"])
+    layout = _layout(model, design)
+    M = _dense_transform(design, model.qd)
+    info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}
+    if method == "vb":
+        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"], accelerate=accelerate)
+        post = res.q["theta"]
+        cov_d = M @ post.cov_dense() @ M.T
+        mean = post.mean
+        mean[: model.qd] = M @ mean[: model.qd]
+        var = post.diag_cov()
+        var[: model.qd] = np.diag(cov_d)
+        posterior = {
+            "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
+            "theta_cov_ds": M @ post.cov_dense_sparse() if model.m_sparse else np.zeros((model.qd, 0)),
+            "var_shape": np.atleast_1d(res.q["variances"].a) if model.variance_components else np.zeros(0),
+            "var_scale": np.atleast_1d(res.q["variances"].b) if model.variance_components else np.zeros(0),
+            "elbo": res.elbo,
+        }
+        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
+    elif method == "gibbs":
+        res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
+                         thin=settings["thin"], seed=seed, progress=progress, n_jobs=n_jobs,
+                         record=("theta", "sigma2", "log_pseudo_likelihood"))
+        theta = res.draws["theta"].copy()
+        theta[..., : model.qd] = theta[..., : model.qd] @ M.T
+        posterior = {"theta_draws": theta, "sigma2_draws": res.draws["sigma2"],
+                     "log_pseudo_likelihood": res.draws["log_pseudo_likelihood"]}
+        info.update(seconds=res.seconds)
+    else:
+        theta, sigma2, converged, n_iter, seconds = _posterior_mode(model, settings)
+        theta = theta.copy()
+        theta[: model.qd] = M @ theta[: model.qd]
+        posterior = {"theta_mode": theta, "sigma2_mode": sigma2}
+        info.update(converged=converged, n_iter=n_iter, seconds=seconds)
+    fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    if method == "gibbs":
+        fit._warn_diagnostics()
+    return fit
+
+
+def _posterior_mode(model: LinearSVMModel, settings):
+    """EM for the joint posterior mode (Polson & Scott 2011), polished to the exact SVM solution."""
+    start = time.perf_counter()
+    theta = np.zeros(model.q)
+    sigma2 = np.ones(len(model.variance_components))
+    value = model.log_posterior(theta, sigma2)
+    converged = False
+    max_iter = max(settings["max_iter"], 2000)
+    for it in range(1, max_iter + 1):
+        theta, sigma2 = model.map_step(theta, sigma2)
+        new = model.log_posterior(theta, sigma2)
+        if abs(new - value) <= 1e-12 * max(abs(new), 1.0):
+            converged = True
+            value = new
+            break
+        value = new
+    polished = model.polish_mode(theta)
+    if polished is not None and model.log_posterior(polished, sigma2) >= value - 1e-9 * max(abs(value), 1):
+        theta = polished
+        converged = True
+    if not converged:
+        warnings.warn(f"EM for the posterior mode did not converge in {max_iter} iterations.",
+                      ConvergenceWarning, stacklevel=3)
+    return theta, sigma2, converged, it, time.perf_counter() - start
+
+
+def load(path):
+    """Load a fit saved with ``fit.save(path)``.
+
+    Raises
+    ------
+    vbsvm.exceptions.FitFileError
+        If the file is missing, not netCDF, or not written by vbsvm.
+    """
+    try:
+        dt = xr.open_datatree(path, engine="h5netcdf")
+        dt.load()
+    except FileNotFoundError:
+        raise FitFileError(f"no such file: {path!r}.") from None
+    except Exception as exc:  # h5py/netCDF raise many types for foreign files
+        raise FitFileError(f"{path!r} is not a netCDF file written by vbsvm ({type(exc).__name__}: {exc}).") from None
+    kind = dt.attrs.get("vbsvm_fit_type")
+    if kind == "linear":
+        return Fit.from_datatree(dt)
+    if kind == "gpsvm":
+        from .gpfit import GPFit
+
+        return GPFit.from_datatree(dt)
+    raise FitFileError(f"{path!r} is a netCDF file but not a vbsvm fit (no 'vbsvm_fit_type' attribute).")

@@ -1,0 +1,40 @@
+"""Benchmark data sets and simulators for :mod:`vbsvm`.
+
+Real data
+---------
+:func:`load` returns a real data set as a :class:`pandas.DataFrame` and
+:func:`available` lists the names: ``"toenail"``, ``"spam"``, ``"acath"``,
+``"usps"`` and ``"raetsch/<name>"``.
+
+Only ``toenail`` (GPL-2, from Debian's ``r-cran-hsaur3``; see
+``data/PROVENANCE.md``) is shipped with the package. The others are read
+from a data directory: the ``data_home`` argument, else the environment
+variable ``VBSVM_DATA``, else ``shared/data`` next to the source checkout.
+See :mod:`vbsvm.datasets.loaders` for the rules and the column renames.
+
+Simulated data
+--------------
+:func:`simulate_luts` (Luts & Ormerod 2014, Section 4.2),
+:func:`simulate_sparse` (few nonzero coefficients) and
+:func:`simulate_grouped` (random intercepts) draw logistic data with labels
+in {-1, +1} and store the true parameters in ``df.attrs["truth"]``.
+
+This subpackage imports nothing else from :mod:`vbsvm`; its error classes
+live in :mod:`vbsvm.datasets._errors`.
+"""
+
+from ._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
+from .loaders import available, load, snake_case
+from .simulate import simulate_grouped, simulate_luts, simulate_sparse
+
+__all__ = [
+    "load",
+    "available",
+    "snake_case",
+    "simulate_luts",
+    "simulate_sparse",
+    "simulate_grouped",
+    "DataNotFoundError",
+    "UnknownDatasetError",
+    "DataFormatError",
+]

@@ -1,0 +1,415 @@
+"""Loaders for the real benchmark data sets used with :mod:`vbsvm`.
+
+Provenance rules
+----------------
+The package ships exactly one real data set, ``toenail``, in
+``vbsvm/datasets/data/toenail.csv``. It was extracted from Debian's
+``r-cran-hsaur3`` package (R package HSAUR3, GPL-2); ``data/PROVENANCE.md``
+records the package version, the ``.deb`` checksum and the extraction steps.
+
+Every other data set (``spam``, ``acath``, ``raetsch/<name>``, ``usps``) is
+*not* shipped. :func:`load` reads it from a data directory that holds the
+CSV files in the layout of the project's shared data folder::
+
+    <data dir>/toenail/toenail.csv
+    <data dir>/spam/spam.csv, spam_esl_traintest.csv
+    <data dir>/acath/acath.csv
+    <data dir>/raetsch/<name>.csv
+    <data dir>/usps/usps_3vs5_resampled.csv, usps_3vs5_original_split.csv
+
+That folder's ``README.md`` documents where each file comes from (registry
+packages and public repositories) and how it was converted.
+
+Where the data directory is looked for
+--------------------------------------
+1. ``data_home``, if given, and then only there (an explicit argument is
+   never silently replaced by another directory);
+2. otherwise the directory in the environment variable ``VBSVM_DATA``, if set;
+3. then ``shared/data`` next to the source checkout, that is
+   ``Path(vbsvm.__file__).resolve().parents[2] / "shared" / "data"``
+   (for a checkout in ``/work/main`` this is ``/work/shared/data``).
+
+In cases 2-3 the first directory that holds the needed file is used. If none
+does, :class:`DataNotFoundError` (a :class:`FileNotFoundError`) names the
+directories tried and says how to set ``VBSVM_DATA``.
+
+``toenail`` is read from the bundled file unless ``data_home`` is given.
+
+Column names
+------------
+Columns are renamed to lower snake_case by one rule (see :func:`snake_case`):
+dots and other non-alphanumeric characters become ``_`` and camelCase is
+split before each capital that follows a lower-case letter or digit
+(``patientID`` -> ``patient_id``, ``cad.dur`` -> ``cad_dur``,
+``charExclamation`` -> ``char_exclamation``). Values are returned as in the
+source: responses keep their coding and missing values stay ``NaN``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
+
+__all__ = ["load", "available", "snake_case", "ENV_VAR"]
+
+#: Name of the environment variable that points at the data directory.
+ENV_VAR = "VBSVM_DATA"
+
+# vbsvm/datasets/loaders.py -> parents[0] datasets, [1] vbsvm, [2] checkout, [3] its parent.
+_DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+_RAETSCH = (
+    "banana",
+    "breast_cancer",
+    "diabetis",
+    "flare_solar",
+    "german",
+    "heart",
+    "image",
+    "splice",
+    "thyroid",
+    "titanic",
+    "waveform",
+)
+# name -> (rows, columns) of the CSV file as stored (before any conversion).
+_RAETSCH_SHAPES = {
+    "banana": (5300, 3),
+    "breast_cancer": (263, 10),
+    "diabetis": (768, 9),
+    "flare_solar": (144, 10),
+    "german": (1000, 21),
+    "heart": (270, 14),
+    "image": (2086, 19),
+    "splice": (2991, 61),
+    "thyroid": (215, 6),
+    "titanic": (24, 4),
+    "waveform": (5000, 22),
+    "ringnorm_delve_raw": (7400, 21),
+    "twonorm_delve_raw": (7400, 21),
+}
+
+_USPS_FILES = {
+    "resampled": "usps/usps_3vs5_resampled.csv",
+    "original": "usps/usps_3vs5_original_split.csv",
+}
+
+# --------------------------------------------------------------------------- names
+
+_NON_ALNUM = re.compile(r"[^0-9A-Za-z]+")
+_ACRONYM_END = re.compile(r"([A-Z]+)([A-Z][a-z])")  # "HTMLFile" -> "HTML_File"
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")  # "patientID" -> "patient_ID"
+
+
+def snake_case(name: str) -> str:
+    """Convert a column name to lower snake_case.
+
+    The rule: every run of characters other than ASCII letters and digits
+    (dots, spaces, dashes, ...) becomes one ``_``; an ``_`` is inserted
+    before a capital letter that follows a lower-case letter or a digit, and
+    between an acronym and a following capitalised word; the result is
+    lower-cased and stripped of leading and trailing ``_``. Digits are never
+    split off (``num3d`` stays ``num3d``).
+
+    Parameters
+    ----------
+    name : str
+        Column name as in the source file.
+
+    Returns
+    -------
+    str
+        The snake_case name.
+
+    Examples
+    --------
+    >>> snake_case("patientID"), snake_case("cad.dur"), snake_case("charExclamation")
+    ('patient_id', 'cad_dur', 'char_exclamation')
+    """
+    s = _NON_ALNUM.sub("_", str(name))
+    s = _ACRONYM_END.sub(r"\1_\2", s)
+    s = _CAMEL.sub(r"\1_\2", s)
+    return s.lower().strip("_")
+
+
+def _snake_columns(df: pd.DataFrame) -> pd.DataFrame:
+    new = [snake_case(c) for c in df.columns]
+    if len(set(new)) != len(new):  # pragma: no cover - guards against a changed source file
+        raise DataFormatError(f"snake_case renaming made duplicate column names: {new}")
+    return df.set_axis(new, axis=1)
+
+
+# ------------------------------------------------------------------ directories
+
+
+def _candidate_dirs(data_home: str | os.PathLike | None) -> list[tuple[Path, str]]:
+    """Directories to search, with a note on where each came from."""
+    if data_home is not None:
+        return [(Path(data_home).expanduser(), "data_home argument")]
+    dirs: list[tuple[Path, str]] = []
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        dirs.append((Path(env).expanduser(), f"environment variable {ENV_VAR}"))
+    dirs.append((_DEFAULT_DATA_DIR, "shared/data next to the source checkout"))
+    return dirs
+
+
+def _find_file(name: str, relpath: str, data_home) -> Path:
+    tried = []
+    for directory, origin in _candidate_dirs(data_home):
+        path = directory / relpath
+        if path.is_file():
+            return path
+        state = "no such file" if directory.is_dir() else "directory does not exist"
+        tried.append(f"  {directory}  ({origin}; {state}: {relpath})")
+    raise DataNotFoundError(
+        f"data set {name!r} needs the file {relpath!r}, which was not found. Directories tried:\n"
+        + "\n".join(tried)
+        + f"\nPass data_home='/path/to/data' or set the environment variable {ENV_VAR} to the "
+        "directory that holds the folders toenail/, spam/, acath/, raetsch/ and usps/ "
+        f"(e.g. `export {ENV_VAR}=/path/to/shared/data`). These data sets are not shipped "
+        "with vbsvm; only 'toenail' is bundled."
+    )
+
+
+def _read_csv(path, name: str, shape: tuple[int, int] | None) -> pd.DataFrame:
+    # Only the literal token "NA" means missing (the convention of the data files).
+    df = pd.read_csv(path, keep_default_na=False, na_values=["NA"])
+    if shape is not None and df.shape != shape:
+        raise DataFormatError(
+            f"data set {name!r}: file {path} has {df.shape[0]} rows x {df.shape[1]} columns, "
+            f"expected {shape[0]} x {shape[1]}; is it the right file?"
+        )
+    return df
+
+
+def _finish(df: pd.DataFrame, name: str, path) -> pd.DataFrame:
+    df.attrs["dataset"] = name
+    df.attrs["source"] = str(path)
+    return df
+
+
+# --------------------------------------------------------------------- loaders
+
+
+def _load_toenail(name, data_home, split):
+    if data_home is None:
+        resource = resources.files(__package__).joinpath("data", "toenail.csv")
+        with resource.open("rb") as fh:
+            df = _read_csv(fh, name, (1908, 7))
+        path = resource
+    else:
+        path = _find_file(name, "toenail/toenail.csv", data_home)
+        df = _read_csv(path, name, (1908, 7))
+    return _finish(_snake_columns(df), name, path)
+
+
+def _load_spam(name, data_home, split):
+    path = _find_file(name, "spam/spam.csv", data_home)
+    df = _snake_columns(_read_csv(path, name, (4601, 58)))
+    flag_path = path.with_name("spam_esl_traintest.csv")
+    if not flag_path.is_file():
+        raise DataNotFoundError(
+            f"data set 'spam': found {path} but not {flag_path.name} next to it "
+            "(ESL's train/test indicator, needed for the 'test' column)."
+        )
+    flag = _read_csv(flag_path, name, (4601, 1))["test"]
+    if not flag.isin([0, 1]).all():
+        raise DataFormatError(f"{flag_path}: column 'test' must hold only 0 and 1")
+    df["test"] = flag.to_numpy(dtype=bool)
+    return _finish(df, name, path)
+
+
+def _load_acath(name, data_home, split):
+    path = _find_file(name, "acath/acath.csv", data_home)
+    return _finish(_snake_columns(_read_csv(path, name, (3504, 6))), name, path)
+
+
+def _load_usps(name, data_home, split):
+    split = "resampled" if split is None else split
+    if split not in _USPS_FILES:
+        raise ValueError(
+            f"split={split!r} is not valid for 'usps'; use 'resampled' (Rasmussen & Williams, "
+            "the default) or 'original' (USPS/ESL train-test split)"
+        )
+    path = _find_file(name, _USPS_FILES[split], data_home)
+    df = _snake_columns(_read_csv(path, name, (1540, 260)))
+    df.attrs["split"] = split
+    return _finish(df, name, path)
+
+
+def _raetsch_loader(short: str) -> Callable:
+    def loader(name, data_home, split):
+        path = _find_file(name, f"raetsch/{short}.csv", data_home)
+        return _finish(_read_csv(path, name, _RAETSCH_SHAPES[short]), name, path)
+
+    return loader
+
+
+def _delve_to_raetsch(raw: pd.DataFrame) -> pd.DataFrame:
+    """Rätsch's ringnorm/twonorm from the raw DELVE frame (``x1..x20``, ``y01``).
+
+    Each feature column is standardized over all rows, ``(x - mean) / std``
+    with ``ddof=1``; the label is mapped DELVE 0 -> +1 and DELVE 1 -> -1.
+    """
+    xcols = [c for c in raw.columns if c != "y01"]
+    x = raw[xcols].to_numpy(dtype=np.float64)
+    z = (x - x.mean(axis=0)) / x.std(axis=0, ddof=1)
+    out = pd.DataFrame(z, columns=xcols, index=raw.index)
+    y01 = raw["y01"].to_numpy()
+    if not np.isin(y01, (0, 1)).all():
+        raise DataFormatError("column 'y01' of the DELVE file must hold only 0 and 1")
+    out["y"] = np.where(y01 == 0, 1, -1).astype(np.int64)
+    return out
+
+
+def _delve_loader(short: str) -> Callable:
+    def loader(name, data_home, split):
+        raw_name = f"{short}_delve_raw"
+        path = _find_file(name, f"raetsch/{raw_name}.csv", data_home)
+        raw = _read_csv(path, name, _RAETSCH_SHAPES[raw_name])
+        return _finish(_delve_to_raetsch(raw), name, path)
+
+    return loader
+
+
+# name -> loader(name, data_home, split) -> DataFrame
+_REGISTRY: dict[str, Callable] = {
+    "toenail": _load_toenail,
+    "spam": _load_spam,
+    "acath": _load_acath,
+    "usps": _load_usps,
+}
+for _short in _RAETSCH:
+    _REGISTRY[f"raetsch/{_short}"] = _raetsch_loader(_short)
+for _short in ("ringnorm", "twonorm"):
+    _REGISTRY[f"raetsch/{_short}"] = _delve_loader(_short)
+    _REGISTRY[f"raetsch/{_short}_delve_raw"] = _raetsch_loader(f"{_short}_delve_raw")
+del _short
+
+
+def available() -> list[str]:
+    """Names of the data sets that :func:`load` knows.
+
+    Returns
+    -------
+    list of str
+        Sorted names: ``"acath"``, ``"raetsch/<name>"`` (including
+        ``"raetsch/ringnorm_delve_raw"`` and ``"raetsch/twonorm_delve_raw"``),
+        ``"spam"``, ``"toenail"``, ``"usps"``. Only ``"toenail"`` is bundled;
+        the others need the data directory (see :func:`load`).
+    """
+    return sorted(_REGISTRY)
+
+
+def load(
+    name: str,
+    data_home: str | os.PathLike | None = None,
+    *,
+    split: str | None = None,
+) -> pd.DataFrame:
+    """Load a benchmark data set as a :class:`pandas.DataFrame`.
+
+    Parameters
+    ----------
+    name : str
+        One of :func:`available` (case-insensitive).
+    data_home : str or path-like, optional
+        Directory that holds the data folders (``toenail/``, ``spam/``,
+        ``acath/``, ``raetsch/``, ``usps/``). If given, only this directory is
+        used, also for ``toenail``. If omitted, the directory in the
+        environment variable ``VBSVM_DATA`` and then ``shared/data`` next to the
+        source checkout are searched, and ``toenail`` comes from the copy
+        bundled with the package.
+    split : {"resampled", "original"}, optional
+        Only for ``"usps"``: ``"resampled"`` (default) is the Rasmussen &
+        Williams (2006) 3-vs-5 split (767 train, 773 test);
+        ``"original"`` is the original USPS/ESL train/test split
+        (1214 train, 326 test). Both hold the same kind of columns.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Rows in source order. ``df.attrs`` holds ``"dataset"`` (the name) and
+        ``"source"`` (the file read).
+
+    Raises
+    ------
+    UnknownDatasetError
+        If `name` is not known (a :class:`ValueError`; the message lists the names).
+    DataNotFoundError
+        If the file is not found (a :class:`FileNotFoundError`; the message
+        names the directories tried and how to set ``VBSVM_DATA``).
+    DataFormatError
+        If a file does not have the expected number of rows and columns.
+    ValueError
+        If `split` is given for a data set other than ``"usps"`` or is not valid.
+
+    Notes
+    -----
+    Column names are converted with :func:`snake_case`. The data sets:
+
+    ``"toenail"`` (1908 x 7; De Backer et al. 1998, via HSAUR3). Columns
+        ``patient_id`` (renamed from ``patientID``; 294 patients), ``outcome``
+        (``"none or mild"`` / ``"moderate or severe"``), ``treatment``
+        (``"itraconazole"`` / ``"terbinafine"``), ``time`` (months),
+        ``visit`` (1-7), ``y`` (1 if outcome is moderate or severe, else 0;
+        408 ones) and ``terbinafine`` (0/1). Example model:
+        ``"y ~ time * terbinafine + (1 | patient_id)"``.
+    ``"spam"`` (4601 x 59; HP spambase as in R's kernlab). 57 numeric
+        predictors, ``type`` (``"spam"`` / ``"nonspam"``), and ``test``
+        (bool) **added** from ``spam_esl_traintest.csv``: True for the 1536
+        e-mails of ESL's test set. Drop ``test`` before fitting ``type ~ .``.
+        Renamed: ``charSemicolon`` -> ``char_semicolon``, ``charRoundbracket``
+        -> ``char_roundbracket``, ``charSquarebracket`` -> ``char_squarebracket``,
+        ``charExclamation`` -> ``char_exclamation``, ``charDollar`` ->
+        ``char_dollar``, ``charHash`` -> ``char_hash``, ``capitalAve`` ->
+        ``capital_ave``, ``capitalLong`` -> ``capital_long``, ``capitalTotal``
+        -> ``capital_total``; the 48 word-frequency names are unchanged.
+    ``"acath"`` (3504 x 6; Harrell's Duke catheterization data). ``sex``,
+        ``age``, ``cad_dur`` (renamed from ``cad.dur``), ``choleste`` (1246
+        NaN), ``sigdz`` (0/1 response), ``tvdlm`` (3 NaN).
+    ``"raetsch/<name>"`` for banana, breast_cancer, diabetis, flare_solar,
+        german, heart, image, splice, thyroid, titanic, waveform, ringnorm and
+        twonorm: features ``x1..xd`` and ``y`` in {-1, +1}, the unique
+        patterns of Rätsch's benchmarks (no train/test splits).
+        ``"raetsch/ringnorm"`` and ``"raetsch/twonorm"`` are computed from the
+        raw DELVE files exactly as Rätsch did: each column standardized over
+        all 7400 rows with ``ddof=1``, DELVE label 0 -> +1 and 1 -> -1.
+        ``"raetsch/ringnorm_delve_raw"`` and ``"raetsch/twonorm_delve_raw"``
+        return the raw values with the DELVE label ``y01`` in {0, 1}.
+    ``"usps"`` (1540 x 260; digits 3 and 5). ``split`` (``"train"`` /
+        ``"test"``), ``orig_index``, ``digit`` (3 or 5), ``y`` (+1 for 3,
+        -1 for 5) and pixels ``p1..p256`` in [-1, 1]. Drop ``split``,
+        ``orig_index`` and ``digit`` before fitting ``y ~ .``.
+
+    Examples
+    --------
+    >>> from vbsvm import datasets
+    >>> toenail = datasets.load("toenail")
+    >>> toenail.shape
+    (1908, 7)
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    key = name.strip().lower()
+    loader = _REGISTRY.get(key)
+    if loader is None:
+        names = available()
+        close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+        close += [n for n in names if n.endswith("/" + key) and n not in close]
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise UnknownDatasetError(
+            f"unknown data set {name!r}.{hint} Available: {', '.join(names)}."
+        )
+    if split is not None and key != "usps":
+        raise ValueError(f"split= applies only to 'usps', not to {key!r}")
+    return loader(key, data_home, split)

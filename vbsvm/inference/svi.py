@@ -1,0 +1,441 @@
+"""Engines for the sparse-GP SVM: batch coordinate ascent, stochastic VI (Algorithm 1 of
+Wenzel et al. 2017), step-size schedules, minibatch sources and hyperparameter steps.
+
+Batch VB *is* the natural-gradient update with step 1 on the full data: for the conjugate
+blocks of :mod:`vbsvm.models.gp` the natural gradient is ``eta_hat - eta`` and a unit step lands
+on the coordinate-ascent optimum.  SVI takes the same step on a minibatch (scaled by
+``n / batch``) with a step size ``rho_t`` in (0, 1]:
+
+* ``step="adaptive"`` (default): the adaptive learning rate of Ranganath et al. (2013), which the
+  paper uses, ``rho_t = |g_bar|^2 / h_bar`` with running averages of the natural gradient and of
+  its squared norm, clipped to ``[rho_min, 1]``;
+* ``step="robbins-monro"``: ``rho_t = (t + tau0)^(-kappa)``;
+* a float: a constant step.
+
+Safety of the natural-gradient step: the update is done in whitened coordinates, where the
+precision of q(v) is a convex combination of matrices ``>= I``, so it is positive definite for any
+rho in (0, 1]. The Cholesky factorization is still guarded: a non-finite target (from an
+extreme minibatch) is skipped, and a failed factorization halves rho and retries (up to 6 times)
+before the minibatch is skipped; skipped steps are counted in the result.
+
+Memory: the SVI loop holds q (O(m^2)), one minibatch projection (O(batch * m)), the kernel's
+hyperparameters and Adam moments; minibatches are drawn with replacement (O(batch) indices) or
+streamed from an iterator, so nothing of size n is allocated besides the data itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vbsvm.models.gp import (InducingGP, WhitenedGaussian, robust_cholesky,
+                             ConvergenceWarning, InputError)
+
+__all__ = ["AdaptiveStep", "RobbinsMonro", "ConstantStep", "make_step", "Adam",
+           "ArrayBatches", "StreamBatches", "FitState", "fit_batch", "fit_svi"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Step sizes
+# ---------------------------------------------------------------------------------------------
+class AdaptiveStep:
+    """Adaptive learning rate of Ranganath, Wang, Blei & Xing (2013).
+
+    Parameters
+    ----------
+    tau0 : float
+        Initial memory (number of steps averaged).
+    rho_min : float
+        Lower clip (keeps SVI moving when the running averages are dominated by noise).
+    """
+
+    def __init__(self, tau0: float = 10.0, rho_min: float = 1e-3):
+        self.tau = tau0
+        self.rho_min = rho_min
+        self.gbar = None
+        self.hbar = None
+
+    def __call__(self, g: np.ndarray) -> float:
+        if self.gbar is None:
+            self.gbar = g.copy()
+            self.hbar = float(g @ g)
+            return 1.0
+        a = 1.0 / self.tau
+        self.gbar *= (1.0 - a)
+        self.gbar += a * g
+        self.hbar = (1.0 - a) * self.hbar + a * float(g @ g)
+        rho = float(self.gbar @ self.gbar) / max(self.hbar, 1e-300)
+        rho = min(max(rho, self.rho_min), 1.0)
+        self.tau = self.tau * (1.0 - rho) + 1.0
+        return rho
+
+
+class RobbinsMonro:
+    """rho_t = (t + tau0)^(-kappa), kappa in (0.5, 1]."""
+
+    def __init__(self, tau0: float = 1.0, kappa: float = 0.6):
+        self.t, self.tau0, self.kappa = 0, tau0, kappa
+
+    def __call__(self, g=None) -> float:
+        self.t += 1
+        return min(1.0, (self.t + self.tau0 - 1.0) ** (-self.kappa))
+
+
+class ConstantStep:
+    def __init__(self, rho: float):
+        if not 0 < rho <= 1:
+            raise InputError(f"step={rho!r}: a constant step must be in (0, 1]")
+        self.rho = rho
+
+    def __call__(self, g=None) -> float:
+        return self.rho
+
+
+def make_step(step):
+    """Step-size schedule from ``"adaptive"``, ``"robbins-monro"``, a float or an object."""
+    if callable(step):
+        return step
+    if isinstance(step, str):
+        if step == "adaptive":
+            return AdaptiveStep()
+        if step in ("robbins-monro", "rm"):
+            return RobbinsMonro()
+        raise InputError(f"step={step!r}; use 'adaptive', 'robbins-monro' or a float in (0, 1]")
+    return ConstantStep(float(step))
+
+
+class Adam:
+    """Adam ascent on a flat parameter vector (hyperparameters on the log scale)."""
+
+    def __init__(self, lr=0.05, beta1=0.9, beta2=0.999, eps=1e-8, max_step=0.5):
+        self.lr, self.b1, self.b2, self.eps, self.max_step = lr, beta1, beta2, eps, max_step
+        self.m = self.v = None
+        self.t = 0
+
+    def step(self, x, g):
+        if self.m is None:
+            self.m = np.zeros_like(g)
+            self.v = np.zeros_like(g)
+        self.t += 1
+        self.m = self.b1 * self.m + (1 - self.b1) * g
+        self.v = self.b2 * self.v + (1 - self.b2) * g * g
+        mh = self.m / (1 - self.b1 ** self.t)
+        vh = self.v / (1 - self.b2 ** self.t)
+        d = np.clip(self.lr * mh / (np.sqrt(vh) + self.eps), -self.max_step, self.max_step)
+        return x + d
+
+
+# ---------------------------------------------------------------------------------------------
+# Minibatch sources
+# ---------------------------------------------------------------------------------------------
+class ArrayBatches:
+    """Minibatches drawn uniformly with replacement from in-memory arrays (O(batch) memory)."""
+
+    def __init__(self, X, y, batch_size, rng):
+        self.X, self.y = X, y
+        self.n = X.shape[0]
+        self.b = min(int(batch_size), self.n)
+        self.rng = rng
+
+    def __iter__(self):
+        while True:
+            idx = np.sort(self.rng.integers(0, self.n, self.b))
+            yield self.X[idx], self.y[idx]
+
+    def head(self, k):
+        idx = self.rng.choice(self.n, size=min(k, self.n), replace=False)
+        return self.X[idx], self.y[idx]
+
+
+class StreamBatches:
+    """Minibatches from a re-iterable source of chunks (larger-than-memory data).
+
+    Parameters
+    ----------
+    factory : callable
+        ``factory()`` returns a fresh iterator over chunks ``(X, y)`` (arrays); it is called
+        once per pass (epoch).  Each chunk is shuffled and cut into minibatches.
+    n : int
+        Total number of rows (for the ``n / batch`` scaling).
+    """
+
+    def __init__(self, factory, n, batch_size, rng):
+        self.factory, self.n, self.b, self.rng = factory, int(n), int(batch_size), rng
+        self.epochs = 0
+
+    def __iter__(self):
+        while True:
+            got = False
+            for X, y in self.factory():
+                X = np.asarray(X, float)
+                y = np.asarray(y, float)
+                perm = self.rng.permutation(X.shape[0])
+                for s in range(0, X.shape[0] - self.b + 1, self.b):
+                    got = True
+                    idx = perm[s:s + self.b]
+                    yield X[idx], y[idx]
+            self.epochs += 1
+            if not got:
+                raise InputError("the data stream yielded no chunk with at least batch_size rows")
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class FitState:
+    """What an engine returns."""
+
+    q: WhitenedGaussian
+    blocks: InducingGP
+    elbo: np.ndarray
+    elbo_iter: np.ndarray
+    theta_trace: np.ndarray
+    n_iter: int
+    converged: bool
+    seconds: float
+    rho: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    skipped: int = 0
+    method: str = "vb"
+
+
+def _q_from_u(blocks: InducingGP, mu, zeta) -> WhitenedGaussian:
+    L = blocks.L
+    Lz, _ = robust_cholesky(zeta, 1e-12)
+    M = _solve_lower(Lz, L)  # Lz^{-1} L
+    P = M.T @ M
+    mv = _solve_lower(L, mu)
+    return WhitenedGaussian(P, P @ mv)
+
+
+def _solve_lower(L, B):
+    from scipy.linalg import solve_triangular
+    return solve_triangular(L, B, lower=True, check_finite=False)
+
+
+def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, inducing=False):
+    """Maximize the ELBO over log-hyperparameters (and Z) at fixed q(u) with L-BFGS; keep the
+    result only if the ELBO went up.  Returns the q re-expressed in the new whitened frame."""
+    from scipy.optimize import minimize
+
+    mu, zeta = blocks.u_moments(q)
+    theta0 = blocks.kernel.theta
+    Z0 = blocks.Z.copy()
+    k = theta0.size
+
+    def unpack(x):
+        blocks.kernel.theta = np.clip(x[:k], -12, 12)
+        if inducing:
+            blocks.Z = x[k:].reshape(Z0.shape)
+        blocks.refresh()
+
+    def f(x):
+        try:
+            unpack(x)
+            qq = _q_from_u(blocks, mu, zeta)
+            val = blocks.elbo(X, y, qq)
+            g, gZ = blocks.hyper_grad(X, y, qq, inducing=inducing)
+        except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+            return np.inf, np.zeros_like(x)
+        if not np.isfinite(val):
+            return np.inf, np.zeros_like(x)
+        grad = np.concatenate([g, gZ.ravel()]) if inducing else g
+        return -val, -grad
+
+    x0 = np.concatenate([theta0, Z0.ravel()]) if inducing else theta0
+    f0, _ = f(x0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
+    if np.isfinite(res.fun) and res.fun < f0:
+        unpack(res.x)
+    else:
+        unpack(x0)
+    return _q_from_u(blocks, mu, zeta)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch coordinate ascent (Section 4.1; with Z = X it is the full GP)
+# ---------------------------------------------------------------------------------------------
+def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
+              hyper_every=5, hyper_maxiter=10, optimize_inducing=False, q=None,
+              callback=None) -> FitState:
+    """Coordinate-ascent VB on all data: alternately the optimal q(lambda) and q(v).
+
+    With ``optimize=True`` every ``hyper_every`` sweeps an L-BFGS M-step maximizes the ELBO over
+    the kernel's log-hyperparameters (and inducing locations) at fixed q(u); it is accepted only if
+    the ELBO increases, so the ELBO trace is non-decreasing (tested).
+
+    Returns
+    -------
+    FitState
+    """
+    t0 = time.perf_counter()
+    X = np.asarray(X, float)
+    y = np.asarray(y, float)
+    q = WhitenedGaussian.prior(blocks.m) if q is None else q
+    elbos, thetas = [], [blocks.kernel.theta]
+    converged = False
+    A, kt = blocks.project(X)
+    it = 0
+    for it in range(1, max_iter + 1):
+        alpha, _ = blocks.local(A, kt, y, q)
+        P, h = blocks.target(A, y, alpha)
+        q = WhitenedGaussian(P, h)
+        c, fbar = blocks.local(A, kt, y, q)
+        elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
+        if optimize and it % hyper_every == 0:
+            q = _hyper_mstep(blocks, X, y, q, maxiter=hyper_maxiter, inducing=optimize_inducing)
+            A, kt = blocks.project(X)
+            c, fbar = blocks.local(A, kt, y, q)
+            elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
+        thetas.append(blocks.kernel.theta)
+        if callback is not None:
+            callback(it, q, blocks)
+        if len(elbos) >= 3:
+            rel = abs(elbos[-1] - elbos[-2]) / max(abs(elbos[-1]), 1e-12)
+            rel2 = abs(elbos[-2] - elbos[-3]) / max(abs(elbos[-1]), 1e-12)
+            if rel < tol and (not optimize or rel2 < tol):
+                converged = True
+                break
+    if not converged:
+        warnings.warn(f"batch VB did not reach tol={tol:g} in max_iter={max_iter} iterations; "
+                      "increase max_iter or tol", ConvergenceWarning, stacklevel=3)
+    return FitState(q=q, blocks=blocks, elbo=np.asarray(elbos), elbo_iter=np.arange(len(elbos)),
+                    theta_trace=np.asarray(thetas), n_iter=it, converged=converged,
+                    seconds=time.perf_counter() - t0, method="vb")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stochastic VI (Algorithm 1)
+# ---------------------------------------------------------------------------------------------
+def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
+            check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.05,
+            hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
+            q=None, callback=None) -> FitState:
+    """Inducing-point SVI: natural-gradient steps on minibatches, optional Adam hyper steps.
+
+    Parameters
+    ----------
+    blocks : InducingGP
+    source : iterable of (X_batch, y_batch)
+        E.g. :class:`ArrayBatches` or :class:`StreamBatches`; infinite.
+    n : int
+        Number of training rows (minibatch terms are scaled by ``n / batch``).
+    max_iter : int
+        Maximum number of minibatch steps.
+    step : {"adaptive", "robbins-monro"} or float or callable
+    tol : float
+        Convergence: relative change of the monitor ELBO below ``tol`` for ``patience``
+        consecutive checks (no hyperparameter steps in between count as changes too).
+    check_every : int or None
+        Steps between checks (default ``max(20, min(n // batch, 500))``).
+    optimize : bool
+        Alternate ``hyper_every`` variational steps with one Adam step (rate ``hyper_lr``) on the
+        log-hyperparameters (Section 4.3, eq. 12), using the minibatch gradient at fixed q(u).
+    hyper_warmup : int or None
+        Variational steps before the first hyper step (default ``check_every``).
+    optimize_inducing : bool
+        Also move the inducing locations with Adam.
+    monitor : (X, y) or None
+        Rows on which the ELBO is evaluated exactly at each check (scaled to n).
+    min_iter : int or None
+        Never stop before this many steps (default ``2 * check_every``).
+
+    Returns
+    -------
+    FitState
+    """
+    t0 = time.perf_counter()
+    q = WhitenedGaussian.prior(blocks.m) if q is None else q
+    sched = make_step(step)
+    it_src = iter(source)
+    b = getattr(source, "b", None)
+    if check_every is None:
+        check_every = max(20, min(n // max(b or 100, 1), 500))
+    if min_iter is None:
+        min_iter = 2 * check_every
+    if hyper_warmup is None:
+        hyper_warmup = check_every
+    adam = Adam(lr=hyper_lr)
+    elbos, elbo_at, thetas, rhos = [], [], [blocks.kernel.theta], []
+    skipped = 0
+    calm = 0
+    converged = False
+    t = 0
+    m = blocks.m
+    for t in range(1, max_iter + 1):
+        Xb, yb = next(it_src)
+        scale = n / Xb.shape[0]
+        A, kt = blocks.project(Xb)
+        alpha, _ = blocks.local(A, kt, yb, q)
+        P_hat, h_hat = blocks.target(A, yb, alpha, scale)
+        if not (np.all(np.isfinite(P_hat)) and np.all(np.isfinite(h_hat))):
+            skipped += 1
+            continue
+        g = np.concatenate([h_hat - q.shift, 0.5 * (P_hat - q.prec).ravel()])
+        rho = sched(g)
+        for _ in range(7):
+            P = (1.0 - rho) * q.prec + rho * P_hat
+            h = (1.0 - rho) * q.shift + rho * h_hat
+            q_new = WhitenedGaussian(P, h)
+            try:
+                q_new.chol
+                if np.all(np.isfinite(q_new.mean)):
+                    break
+            except np.linalg.LinAlgError:
+                pass
+            rho *= 0.5
+        else:
+            skipped += 1
+            continue
+        q = q_new
+        rhos.append(rho)
+        if optimize and t >= hyper_warmup and t % hyper_every == 0:
+            gth, gZ = blocks.hyper_grad(Xb, yb, q, scale=scale, inducing=optimize_inducing)
+            if np.all(np.isfinite(gth)):
+                L_old = blocks.L
+                th_old, Z_old = blocks.kernel.theta, blocks.Z.copy()
+                x = np.concatenate([th_old, Z_old.ravel()]) if optimize_inducing else th_old
+                gg = np.concatenate([gth, gZ.ravel()]) if optimize_inducing else gth
+                x = adam.step(x, gg)
+                blocks.kernel.theta = np.clip(x[:th_old.size], -12, 12)
+                if optimize_inducing:
+                    blocks.Z = x[th_old.size:].reshape(Z_old.shape)
+                try:
+                    blocks.refresh()
+                    q = blocks.rewhiten(q, L_old)
+                    q.chol
+                except np.linalg.LinAlgError:
+                    blocks.kernel.theta, blocks.Z = th_old, Z_old
+                    blocks.refresh()
+                    skipped += 1
+        if t % check_every == 0:
+            thetas.append(blocks.kernel.theta)
+            if monitor is not None:
+                Xm, ym = monitor
+                val = blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0])
+            else:
+                c, fbar = blocks.local(A, kt, yb, q)
+                val = scale * blocks.data_elbo(yb, fbar, c) - q.kl_to_std()
+            if elbos:
+                rel = abs(val - elbos[-1]) / max(abs(val), 1e-12)
+                calm = calm + 1 if rel < tol else 0
+            elbos.append(val)
+            elbo_at.append(t)
+            if callback is not None:
+                callback(t, q, blocks)
+            if calm >= patience and t >= min_iter:
+                converged = True
+                break
+    if not converged:
+        warnings.warn(f"SVI stopped at max_iter={max_iter} before the monitored ELBO settled "
+                      f"(tol={tol:g}); increase max_iter or tol", ConvergenceWarning, stacklevel=3)
+    return FitState(q=q, blocks=blocks, elbo=np.asarray(elbos), elbo_iter=np.asarray(elbo_at),
+                    theta_trace=np.asarray(thetas), n_iter=t, converged=converged,
+                    seconds=time.perf_counter() - t0, rho=np.asarray(rhos), skipped=skipped,
+                    method="svi")

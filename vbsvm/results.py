@@ -1,0 +1,497 @@
+"""The fitted-model object of the linear Bayesian SVMs: coefficients, summary, predictions,
+ArviZ export and saving.
+
+A :class:`Fit` keeps the posterior on the **original scale** of the predictors (the internal
+standardization is undone once, when the fit is made), so predictions, summaries and saved files
+all use the same numbers:
+
+* ``method="vb"``: the Gaussian q(theta) (mean, dense covariance, the cross-covariance with the
+  largest grouping factor and that factor's variances) and the inverse-gamma q of each variance;
+* ``method="gibbs"``: the draws, shape ``(chains, draws, ...)``;
+* ``method="map"``: the posterior mode.
+
+Probabilities. The SVM pseudo-likelihood is not a model of ``P(y | x)``. ``predict(kind="prob")``
+returns the posterior probability that the score is positive, ``P(f(x) > 0 | data)``: under VB
+``Phi(m / s)`` with m and s the mean and sd of the Gaussian predictive of the score; under Gibbs
+the fraction of draws with a positive score. It measures how sure the posterior is about the
+side of the boundary, not a calibrated class frequency (use :func:`vbsvm.gpsvm` for that).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+
+from .exceptions import DiagnosticWarning, FitFileError, InputError
+from .summary import build_summary
+
+__all__ = ["Fit", "ThetaLayout"]
+
+
+@dataclass
+class ThetaLayout:
+    """Where each coefficient sits in the vector theta = (fixed effects, random intercepts).
+
+    Attributes
+    ----------
+    fixed : list of str
+        Names of the fixed effects (the first ``len(fixed)`` coordinates).
+    groups : dict
+        Grouping-factor name -> (levels, coordinate indices).
+    n_dense : int
+        Number of coordinates handled densely (fixed effects and the smaller factors).
+    sparse_group : str or None
+        The factor eliminated by the Schur complement (its coordinates come last).
+    variances : list of str
+        Names of the inferred variance components, e.g. ``["sigma2_u", "sigma2_patient_id"]``.
+    """
+
+    fixed: list
+    groups: dict
+    n_dense: int
+    sparse_group: str | None
+    variances: list
+
+    @property
+    def p(self) -> int:
+        return len(self.fixed)
+
+    @property
+    def q(self) -> int:
+        return self.n_dense + (len(self.groups[self.sparse_group][0]) if self.sparse_group else 0)
+
+    def to_dict(self):
+        return {
+            "fixed": list(self.fixed),
+            "groups": {k: [[_jsonable(x) for x in lv], [int(i) for i in ix]] for k, (lv, ix) in self.groups.items()},
+            "n_dense": int(self.n_dense),
+            "sparse_group": self.sparse_group,
+            "variances": list(self.variances),
+        }
+
+    @classmethod
+    def from_dict(cls, d):
+        groups = {k: (np.array(lv, dtype=object), np.array(ix, dtype=np.int64)) for k, (lv, ix) in d["groups"].items()}
+        return cls(d["fixed"], groups, d["n_dense"], d["sparse_group"], d["variances"])
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    return x
+
+
+def _interval_names(level):
+    lo = 100 * (1 - level) / 2
+    return f"{lo:g}%", f"{100 - lo:g}%"
+
+
+@dataclass
+class Fit:
+    """A fitted linear Bayesian SVM (see :func:`vbsvm.svm`).
+
+    Use the attributes and methods below; the constructor is internal.
+    """
+
+    design: object
+    layout: ThetaLayout
+    settings: dict
+    method: str
+    posterior: dict
+    info: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def elbo(self):
+        """ELBO after each accepted VB iterate (``None`` for Gibbs and MAP fits)."""
+        return self.posterior.get("elbo") if self.method == "vb" else None
+
+    @property
+    def n_obs(self) -> int:
+        return self.design.n
+
+    def _level(self, level):
+        level = self.settings.get("level", 0.95) if level is None else level
+        if not 0 < level < 1:
+            raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
+        return level
+
+    def _theta_draws(self):
+        return self.posterior["theta_draws"].reshape(-1, self.layout.q)
+
+    def _marginals(self, index, level):
+        """mean, sd, lower, upper of coordinates ``index`` of theta."""
+        lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+        if self.method == "vb":
+            mean = self.posterior["theta_mean"][index]
+            sd = np.sqrt(self.posterior["theta_var"][index])
+            z = stats.norm.ppf(hi_q)
+            return mean, sd, mean - z * sd, mean + z * sd
+        if self.method == "gibbs":
+            d = self._theta_draws()[:, index]
+            return d.mean(0), d.std(0, ddof=1), np.quantile(d, lo_q, axis=0), np.quantile(d, hi_q, axis=0)
+        mode = self.posterior["theta_mode"][index]
+        nan = np.full_like(mode, np.nan)
+        return mode, nan, nan, nan
+
+    def _table(self, names, index, level):
+        mean, sd, lo, hi = self._marginals(np.asarray(index), level)
+        lo_name, hi_name = _interval_names(level)
+        return pd.DataFrame({"mean": mean, "sd": sd, lo_name: lo, hi_name: hi}, index=pd.Index(names, name="term"))
+
+    @property
+    def coef(self) -> pd.DataFrame:
+        """Fixed effects on the original scale: mean, sd and a 95% interval
+        (VB: Gaussian q; Gibbs: equal-tailed posterior quantiles; MAP: the mode only)."""
+        return self.coef_table()
+
+    def coef_table(self, level=None) -> pd.DataFrame:
+        """:attr:`coef` at another interval ``level``."""
+        level = self._level(level)
+        return self._table(self.layout.fixed, np.arange(self.layout.p), level)
+
+    def ranef(self, level=None) -> dict:
+        """Random intercepts: one DataFrame per grouping factor (like ``lme4::ranef``)."""
+        level = self._level(level)
+        return {name: self._table(list(lv), ix, level) for name, (lv, ix) in self.layout.groups.items()}
+
+    def varcomp(self, level=None) -> pd.DataFrame:
+        """Inferred variances (and the penalty ``alpha = 1 / (4 sigma2_u)``) with intervals."""
+        level = self._level(level)
+        lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+        lo_name, hi_name = _interval_names(level)
+        rows = {}
+        for k, name in enumerate(self.layout.variances):
+            if self.method == "vb":
+                a, b = self.posterior["var_shape"][k], self.posterior["var_scale"][k]
+                dist = stats.invgamma(a, scale=b)
+                mean = b / (a - 1) if a > 1 else np.inf
+                sd = np.sqrt(b * b / ((a - 1) ** 2 * (a - 2))) if a > 2 else np.inf
+                rows[name] = (mean, sd, dist.ppf(lo_q), dist.ppf(hi_q))
+                if name == "sigma2_u":
+                    tau = stats.gamma(a, scale=1.0 / b)
+                    rows["alpha"] = (a / (4 * b), np.sqrt(a) / (4 * b), tau.ppf(lo_q) / 4, tau.ppf(hi_q) / 4)
+            elif self.method == "gibbs":
+                d = self.posterior["sigma2_draws"].reshape(-1, len(self.layout.variances))[:, k]
+                rows[name] = (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
+                if name == "sigma2_u":
+                    al = 1.0 / (4.0 * d)
+                    rows["alpha"] = (al.mean(), al.std(ddof=1), np.quantile(al, lo_q), np.quantile(al, hi_q))
+            else:
+                s = self.posterior["sigma2_mode"][k]
+                rows[name] = (s, np.nan, np.nan, np.nan)
+                if name == "sigma2_u":
+                    rows["alpha"] = (1 / (4 * s), np.nan, np.nan, np.nan)
+        out = pd.DataFrame.from_dict(rows, orient="index", columns=["mean", "sd", lo_name, hi_name])
+        out.index.name = "parameter"
+        return out
+
+    # ------------------------------------------------------------------ diagnostics
+    def diagnostics(self) -> pd.DataFrame | None:
+        """R-hat (rank-normalized), bulk/tail ESS and MCSE of every parameter (Gibbs only)."""
+        if self.method != "gibbs":
+            return None
+        from arviz_stats import ess, mcse, rhat
+
+        post = self._posterior_dataset()
+        cols = {}
+        for label, value in (("r_hat", rhat(post)), ("ess_bulk", ess(post, method="bulk")),
+                             ("ess_tail", ess(post, method="tail")), ("mcse_mean", mcse(post))):
+            flat = []
+            for var in post.data_vars:
+                v = np.atleast_1d(value[var].values)
+                flat.extend(v.tolist())
+            cols[label] = flat
+        names = []
+        for var in post.data_vars:
+            da = post[var]
+            extra = [d for d in da.dims if d not in ("chain", "draw")]
+            if extra:
+                names.extend(f"{var}[{c}]" for c in da[extra[0]].values)
+            else:
+                names.append(var)
+        return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
+
+    def _warn_diagnostics(self):
+        diag = self.diagnostics()
+        if diag is None:
+            return
+        bad_r = diag.index[diag["r_hat"] > 1.01].tolist()
+        bad_e = diag.index[diag["ess_bulk"] < 400].tolist()
+        if bad_r or bad_e:
+            warnings.warn(
+                "Gibbs diagnostics: "
+                + (f"R-hat > 1.01 for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
+                + (f"bulk ESS < 400 for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
+                + "run longer chains (draws=, tune=) before trusting intervals.",
+                DiagnosticWarning,
+                stacklevel=3,
+            )
+
+    # ------------------------------------------------------------------ prediction
+    def _new_rows(self, newdata):
+        X = self.design.new_X(newdata, standardized=False)
+        lay = self.layout
+        n = X.shape[0]
+        dense = np.zeros((n, lay.n_dense))
+        dense[:, : lay.p] = X
+        codes = self.design.new_group_codes(newdata) if lay.groups else []
+        sparse_codes = None
+        for g, c in zip(self.design.groups, codes):
+            levels, ix = lay.groups[g.name]
+            if g.name == lay.sparse_group:
+                sparse_codes = c
+            else:
+                seen = c >= 0
+                dense[np.flatnonzero(seen), ix[c[seen]]] = 1.0
+        return dense, sparse_codes
+
+    def predict_score(self, newdata):
+        """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame)."""
+        dense, sc = self._new_rows(newdata)
+        lay = self.layout
+        if self.method == "vb":
+            P = self.posterior
+            mean = dense @ P["theta_mean"][: lay.n_dense]
+            var = np.einsum("ij,ij->i", dense @ P["theta_cov_dense"], dense)
+            if sc is not None:
+                seen = sc >= 0
+                s = sc[seen]
+                mean[seen] += P["theta_mean"][lay.n_dense:][s]
+                var[seen] += 2 * np.einsum("ij,ji->i", dense[seen], P["theta_cov_ds"][:, s])
+                var[seen] += P["theta_var"][lay.n_dense:][s]
+            sd = np.sqrt(np.maximum(var, 0.0))
+        elif self.method == "gibbs":
+            mean, sd, _ = self._score_draw_stats(dense, sc)
+        else:
+            th = self.posterior["theta_mode"]
+            mean = dense @ th[: lay.n_dense]
+            if sc is not None:
+                seen = sc >= 0
+                mean[seen] += th[lay.n_dense:][sc[seen]]
+            sd = np.full(mean.shape, np.nan)
+        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+
+    def _score_draw_stats(self, dense, sc, chunk=2048):
+        draws = self._theta_draws()
+        lay = self.layout
+        n = dense.shape[0]
+        mean, sd, pos = np.empty(n), np.empty(n), np.empty(n)
+        for start in range(0, n, chunk):
+            sl = slice(start, start + chunk)
+            f = draws[:, : lay.n_dense] @ dense[sl].T
+            if sc is not None:
+                s = sc[sl]
+                seen = s >= 0
+                f[:, seen] += draws[:, lay.n_dense:][:, s[seen]]
+            mean[sl] = f.mean(0)
+            sd[sl] = f.std(0, ddof=1)
+            pos[sl] = (f > 0).mean(0)
+        return mean, sd, pos
+
+    def predict(self, newdata=None, kind="class"):
+        """Predict new data.
+
+        Parameters
+        ----------
+        newdata : pandas.DataFrame, optional
+            Rows to predict; default the training data. Grouping columns are used when present
+            (unseen levels get a zero random intercept, with a warning).
+        kind : {"class", "prob", "score"}
+            ``"class"``: the predicted response label (the original values, e.g. ``"spam"``),
+            by the sign of the posterior mean score; ``"prob"``: ``P(f(x) > 0 | data)``, the
+            posterior probability that the positive level is predicted (see module docstring);
+            ``"score"``: DataFrame with the mean and sd of the score.
+
+        Returns
+        -------
+        pandas.Series or pandas.DataFrame
+        """
+        if kind not in ("class", "prob", "score"):
+            raise InputError(f"kind must be 'class', 'prob' or 'score'; got {kind!r}.")
+        if newdata is None:
+            newdata = self.design.raw
+        score = self.predict_score(newdata)
+        if kind == "score":
+            return score
+        if kind == "class":
+            labels = np.where(score["mean"].to_numpy() > 0, 1, 0)
+            values = np.array([self.design.negative_level, self.design.positive_level], dtype=object)[labels]
+            return pd.Series(values, index=newdata.index, name=self.design.response)
+        if self.method == "map":
+            raise InputError(
+                "kind='prob' needs a posterior; a method='map' fit has only the mode. Refit with "
+                "method='vb' or method='gibbs', or use kind='score'."
+            )
+        if self.method == "vb":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                prob = stats.norm.cdf(score["mean"].to_numpy() / score["sd"].to_numpy())
+        else:
+            dense, sc = self._new_rows(newdata)
+            prob = self._score_draw_stats(dense, sc)[2]
+        return pd.Series(prob, index=newdata.index, name=f"P({self.design.response}={self.design.positive_level!r})")
+
+    # ------------------------------------------------------------------ summary
+    def summary(self, level=None):
+        """statsmodels-style summary (``as_text()``, ``as_html()``, ``as_latex()``)."""
+        return build_summary(self, self._level(level))
+
+    def __repr__(self):
+        return f"<vbsvm.Fit {self.method} {self.design.formula!r} n={self.n_obs}>"
+
+    def _repr_html_(self):
+        return self.summary().as_html()
+
+    # ------------------------------------------------------------------ ArviZ
+    def _draws(self):
+        """Draws of theta and the variances (Gibbs draws, or iid draws from the VB q)."""
+        if self.method == "gibbs":
+            return self.posterior["theta_draws"], self.posterior["sigma2_draws"]
+        if self.method == "map":
+            return None, None
+        P = self.posterior
+        chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
+        rng = np.random.default_rng(self.settings.get("seed"))
+        lay = self.layout
+        Ld = np.linalg.cholesky(P["theta_cov_dense"] + 1e-300 * np.eye(lay.n_dense))
+        z = rng.standard_normal((chains, draws, lay.n_dense))
+        dense = P["theta_mean"][: lay.n_dense] + z @ Ld.T
+        parts = [dense]
+        if lay.sparse_group:
+            # theta_sparse | theta_dense is Gaussian with a diagonal covariance.
+            ms = P["theta_mean"][lay.n_dense:]
+            K = np.linalg.solve(P["theta_cov_dense"], P["theta_cov_ds"])  # (qd, m) regression
+            cond_var = P["theta_var"][lay.n_dense:] - np.einsum("ij,ij->j", P["theta_cov_ds"], K)
+            zs = rng.standard_normal((chains, draws, ms.size))
+            resid = dense - P["theta_mean"][: lay.n_dense]
+            parts.append(ms + resid @ K + zs * np.sqrt(np.maximum(cond_var, 0)))
+        theta = np.concatenate(parts, axis=-1)
+        sig = np.empty((chains, draws, len(lay.variances)))
+        for k in range(len(lay.variances)):
+            sig[..., k] = stats.invgamma(P["var_shape"][k], scale=P["var_scale"][k]).rvs(
+                size=(chains, draws), random_state=rng)
+        return theta, sig
+
+    def _posterior_dataset(self) -> xr.Dataset:
+        theta, sig = self._draws()
+        lay = self.layout
+        if theta is None:
+            th = self.posterior["theta_mode"][None, None]
+            sig = self.posterior["sigma2_mode"][None, None]
+            theta = th
+        data = {"beta": (("chain", "draw", "coef"), theta[..., : lay.p])}
+        coords = {"coef": list(lay.fixed)}
+        for name, (levels, ix) in lay.groups.items():
+            data[f"b_{name}"] = (("chain", "draw", name), theta[..., ix])
+            coords[name] = [str(v) for v in levels]
+        for k, name in enumerate(lay.variances):
+            data[name] = (("chain", "draw"), sig[..., k])
+        ds = xr.Dataset(data, coords={"chain": np.arange(theta.shape[0]), "draw": np.arange(theta.shape[1]), **coords})
+        return ds
+
+    def to_arviz(self):
+        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
+
+        Groups: ``posterior`` (``beta`` with dim ``coef``, ``sigma2_u``, ``b_<group>``,
+        ``sigma2_<group>``; VB fits hold iid draws from q with the same (chain, draw) shape as
+        the Gibbs default and q's parameters in the group's attrs), ``sample_stats`` (Gibbs:
+        ``log_pseudo_likelihood`` per draw; VB: the ``elbo`` trace), ``observed_data`` (``y`` in
+        {-1, +1}) and ``constant_data`` (the raw columns the formula uses).
+        """
+        post = self._posterior_dataset()
+        post.attrs.update({"method": self.method, "scale": "original predictor scale",
+                           "inference_library": "vbsvm"})
+        if self.method == "vb":
+            post.attrs["q"] = "theta ~ N(theta_mean, theta_cov); sigma2_k ~ IG(var_shape_k, var_scale_k); see group 'vbsvm'"
+            post.attrs["elbo"] = float(self.posterior["elbo"][-1])
+        tree = {"posterior": post}
+        if self.method == "gibbs":
+            tree["sample_stats"] = xr.Dataset({"log_pseudo_likelihood": (("chain", "draw"), self.posterior["log_pseudo_likelihood"])})
+        elif self.method == "vb":
+            tree["sample_stats"] = xr.Dataset({"elbo": (("iteration",), self.posterior["elbo"])})
+        tree["observed_data"] = xr.Dataset({"y": (("obs",), self.design.y)})
+        tree["constant_data"] = _frame_to_dataset(self.design.raw)
+        tree["vbsvm"] = xr.Dataset({k: (tuple(f"{k}_dim{i}" for i in range(np.ndim(v))), np.asarray(v))
+                                    for k, v in self.posterior.items()})
+        dt = xr.DataTree.from_dict(tree)
+        dt.attrs.update({"vbsvm_fit_type": "linear", "vbsvm_version": _version(),
+                         "settings": json.dumps(self.settings, default=_jsonable),
+                         "layout": json.dumps(self.layout.to_dict()), "method": self.method,
+                         "info": json.dumps(self.info, default=_jsonable)})
+        return dt
+
+    def save(self, path):
+        """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``)."""
+        self.to_arviz().to_netcdf(path, engine="h5netcdf")
+
+    @classmethod
+    def from_datatree(cls, dt) -> "Fit":
+        """Rebuild a fit from the tree written by :meth:`to_arviz` / :meth:`save`."""
+        from .design import build_design
+
+        try:
+            settings = json.loads(dt.attrs["settings"])
+            layout = ThetaLayout.from_dict(json.loads(dt.attrs["layout"]))
+            method = dt.attrs["method"]
+            info = json.loads(dt.attrs.get("info", "{}"))
+            raw = _dataset_to_frame(dt["constant_data"].to_dataset())
+            internal = dt["vbsvm"].to_dataset()
+        except (KeyError, ValueError, TypeError) as exc:
+            raise FitFileError(f"the file is not a complete vbsvm linear fit ({exc}).") from None
+        design = build_design(settings["formula"], raw, standardize=settings["standardize"],
+                              missing=settings["missing"])
+        posterior = {k: internal[k].values for k in internal.data_vars}
+        return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+def _version():
+    from . import __version__
+
+    return __version__
+
+
+def _frame_to_dataset(df: pd.DataFrame) -> xr.Dataset:
+    data = {}
+    for c in df.columns:
+        col = df[c]
+        if pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col):
+            data[str(c)] = (("obs",), col.to_numpy(dtype=float), {"dtype": str(col.dtype)})
+        elif pd.api.types.is_bool_dtype(col):
+            data[str(c)] = (("obs",), col.to_numpy(dtype=np.int8), {"dtype": "bool"})
+        else:
+            cats = list(col.cat.categories) if isinstance(col.dtype, pd.CategoricalDtype) else None
+            values = col.astype(object).where(col.notna(), None).to_numpy()
+            attrs = {"dtype": "category" if cats is not None else "str"}
+            if cats is not None:
+                attrs["categories"] = json.dumps([_jsonable(x) for x in cats])
+            data[str(c)] = (("obs",), np.array(["\x00NA" if v is None else str(v) for v in values], dtype=object), attrs)
+    index = df.index.to_numpy()
+    if not pd.api.types.is_integer_dtype(df.index):
+        index = np.asarray(df.index.astype(str), dtype=object)
+    return xr.Dataset(data, coords={"obs": index})
+
+
+def _dataset_to_frame(ds: xr.Dataset) -> pd.DataFrame:
+    cols = {}
+    for name, da in ds.data_vars.items():
+        kind = da.attrs.get("dtype", "float64")
+        v = da.values
+        if kind == "bool":
+            cols[name] = v.astype(bool)
+        elif kind in ("str", "category"):
+            s = pd.Series([None if x == "\x00NA" else x for x in v.astype(str)], dtype=object)
+            if kind == "category":
+                s = pd.Categorical(s, categories=json.loads(da.attrs["categories"]))
+            cols[name] = s
+        elif kind.startswith(("int", "uint")):
+            cols[name] = v.astype(kind)
+        else:
+            cols[name] = v.astype(float)
+    obs = ds["obs"].values
+    return pd.DataFrame(cols, index=pd.Index(obs if obs.dtype.kind in "iu" else obs.astype(str)))
