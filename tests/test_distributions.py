@@ -125,13 +125,17 @@ def test_dlogk_central_difference_matches_exact_half_order():
                                rtol=1e-8, atol=1e-10)
 
 
-def test_exp_e1_branches_agree():
-    x = np.array([49.0, 50.0, 50.5, 51.0, 100.0, 600.0])
-    ref = np.array([float(np.exp(xi) * sc.exp1(xi)) for xi in x])
-    np.testing.assert_allclose(D._exp_e1(x), ref, rtol=1e-13)
-    # large argument: e^x E1(x) ~ 1/x
+def test_exp_e1_against_scipy():
+    x = np.concatenate([np.logspace(-12, 0.3, 200), np.linspace(1.9, 2.1, 41),
+                        np.linspace(2.1, 55.0, 400), [49.999, 50.0, 50.001, 600.0]])
+    ref = np.exp(x) * sc.exp1(x)
+    np.testing.assert_allclose(D._exp_e1(x), ref, rtol=5e-14)
+    # tiny and large arguments, where exp(x) * exp1(x) is not usable
+    np.testing.assert_allclose(D._exp_e1(np.array([1e-200])),
+                               [-np.euler_gamma - np.log(1e-200)], rtol=1e-15)
     np.testing.assert_allclose(D._exp_e1(np.array([1e10, 1e300])),
                                [1e-10 * (1 - 1e-10), 1e-300], rtol=1e-15)
+    assert D._exp_e1(2.0).shape == ()
 
 
 def test_gig_logpdf_against_scipy():
@@ -221,6 +225,7 @@ def test_sample_gig_half_matches_class_and_shape():
     y = GIG(0.5, 1.0, chi).sample(np.random.default_rng(0))
     assert x.shape == chi.shape
     np.testing.assert_allclose(x, y, rtol=1e-14)
+    assert sample_gig_half(2.0, np.random.default_rng(0)).shape == ()
 
 
 def test_gig_half_stability_extreme_chi():
@@ -443,8 +448,8 @@ def test_inverse_wishart_against_scipy_mc(iw_case):
     ld = np.linalg.slogdet(s)[1]
     assert abs(iw.mean_logdet() - ld.mean()) < 5 * ld.std() / np.sqrt(len(ld))
     np.testing.assert_allclose(iw.mean(), ref.mean(), rtol=1e-12)
-    np.testing.assert_allclose(iw.logpdf(s[:10]), ref.logpdf(np.moveaxis(s[:10], 0, -1)),
-                               rtol=1e-10)
+    np.testing.assert_allclose(iw.logpdf(s[:10]),
+                               ref.logpdf(np.moveaxis(s[:10], 0, -1)), rtol=1e-10)
     assert np.ndim(iw.logpdf(s[0])) == 0
     lp = iw.logpdf(s)
     assert abs(-lp.mean() - iw.entropy()) < 4 * lp.std() / np.sqrt(len(lp))

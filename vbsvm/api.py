@@ -112,26 +112,42 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     -------
     vbsvm.results.Fit
     """
+    settings = _settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
+                         draws=draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
+                         max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
+                         B_u=B_u, level=level, progress=progress, n_jobs=n_jobs)
+    design = build_design(formula, data, standardize=standardize, missing=missing)
+    if prior is not None:
+        from .models.selection import fit_laplace_zero
+        return fit_laplace_zero(design, settings, prior)
+    if missing == "impute":
+        from .models.missing import fit_imputed
+        return fit_imputed(design, settings)
+    return _fit_linear(design, settings)
+
+
+def _settings(formula, *, method, penalty, missing, standardize, draws, tune, chains, thin, seed, tol,
+              max_iter, accelerate, sigma2_beta, A_u, B_u, level, progress, n_jobs):
+    """Validate the keyword arguments of :func:`svm` (errors name the argument and the fix)."""
     if method not in METHODS:
         raise InputError(f"method must be one of {METHODS}; got {method!r}.")
-    penalty = _check_penalty(penalty)
-    if prior is not None:
-        raise InputError("prior must be None for the linear SVM in this version.")
-    settings = {
-        "formula": formula, "method": method, "penalty": penalty, "missing": missing,
+    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
+        raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
+    return {
+        "formula": formula, "method": method, "penalty": _check_penalty(penalty), "missing": missing,
         "standardize": bool(standardize), "draws": _positive_int(draws, "draws"),
         "tune": _positive_int(tune, "tune", minimum=0), "chains": _positive_int(chains, "chains"),
         "thin": _positive_int(thin, "thin"), "seed": _check_seed(seed),
         "tol": _positive_float(tol, "tol"), "max_iter": _positive_int(max_iter, "max_iter"),
         "sigma2_beta": _positive_float(sigma2_beta, "sigma2_beta"), "A_u": _positive_float(A_u, "A_u"),
         "B_u": _positive_float(B_u, "B_u"), "level": float(level), "accelerate": bool(accelerate),
+        "progress": bool(progress), "n_jobs": _positive_int(n_jobs, "n_jobs"),
     }
-    if not 0 < level < 1:
-        raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
-    if missing == "impute":
-        raise InputError("missing='impute' is not available for this model yet; use 'drop' or 'raise'.")
-    design = build_design(formula, data, standardize=standardize, missing=missing)
 
+
+def _fit_linear(design, settings) -> Fit:
+    """Fit the linear SVM (penalty inference / random intercepts) by the method in ``settings``."""
+    method, penalty, seed = settings["method"], settings["penalty"], settings["seed"]
     fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
     if penalty == "auto":
         fixed_precision[design.penalized] = np.nan
@@ -143,7 +159,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     M = _dense_transform(design, model.qd)
     info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}
     if method == "vb":
-        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"], accelerate=accelerate)
+        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
+                                accelerate=settings["accelerate"])
         post = res.q["theta"]
         cov_d = M @ post.cov_dense() @ M.T
         mean = post.mean
@@ -160,7 +177,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     elif method == "gibbs":
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
-                         thin=settings["thin"], seed=seed, progress=progress, n_jobs=n_jobs,
+                         thin=settings["thin"], seed=seed, progress=settings["progress"], n_jobs=settings["n_jobs"],
                          record=("theta", "sigma2", "log_pseudo_likelihood"))
         theta = res.draws["theta"].copy()
         theta[..., : model.qd] = theta[..., : model.qd] @ M.T

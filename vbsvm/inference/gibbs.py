@@ -13,6 +13,7 @@ draws of a chain depend only on ``seed`` and ``c``: running the chains serially 
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     if n_jobs == 1:
         out = [_run_one_star(a) for a in args]
     else:
-        with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+        with ProcessPoolExecutor(max_workers=n_jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             out = list(pool.map(_run_one_star, args))
     stacked = {name: np.stack([o[name] for o in out]) for name in record}
     return GibbsResult(draws=stacked, seconds=time.perf_counter() - start, chains=chains,
