@@ -25,6 +25,21 @@ def ks_pvalue(draws, cdf):
     return stats.kstest(draws, cdf).pvalue
 
 
+def ess(x):
+    """Effective sample size of one chain (arviz-stats, rank-normalized bulk ESS)."""
+    from arviz_stats.base import array_stats
+
+    return float(array_stats.ess(np.asarray(x)[None, :], chain_axis=0, draw_axis=1))
+
+
+def ks_2samp_ess(a, b):
+    """Two-sample KS p-value with the sample sizes replaced by the effective sample sizes
+    (MCMC draws are autocorrelated; the iid p-value would be anti-conservative)."""
+    d = stats.ks_2samp(a, b).statistic
+    na, nb = min(ess(a), len(a)), min(ess(b), len(b))
+    return float(stats.kstwo.sf(d, int(np.floor(na * nb / (na + nb)))))
+
+
 @pytest.fixture(scope="module")
 def small():
     rng = np.random.default_rng(7)
@@ -129,9 +144,9 @@ def test_random_intercept_gibbs_agrees_with_independent_metropolis(seed):
         # means within a few Monte Carlo standard errors (ESS-conservative: thinned draws)
         se = np.sqrt(rw[:, j].var() / len(rw) * 4 + gb[:, j].var() / len(gb) * 4)
         assert abs(rw[:, j].mean() - gb[:, j].mean()) < 4 * se, j
-        assert stats.ks_2samp(rw[:, j], gb[:, j]).pvalue > 1e-4, j
+        assert ks_2samp_ess(rw[:, j], gb[:, j]) > 1e-3, j
     s2 = fit.posterior["sigma2_draws"].ravel()[::5]
-    assert stats.ks_2samp(np.exp(rw[:, -1]), s2).pvalue > 1e-4
+    assert ks_2samp_ess(np.exp(rw[:, -1]), s2) > 1e-3
 
 
 def test_same_seed_same_draws_serial_or_parallel(small):

@@ -264,9 +264,9 @@ def _split_formula(formula: str):
         if g in groups:
             raise FormulaError(f"the grouping term (1 | {g}) appears twice in {formula!r}.")
         groups.append(g)
-    fixed = _RANDOM_TERM.sub("", rhs)
-    fixed = re.sub(r"\+\s*(?=\+|$)", "", fixed.strip())  # '+ +' and trailing '+'
-    fixed = re.sub(r"^\s*\+", "", fixed).strip()
+    # remove each '(1 | g)' together with the '+' that joins it to the rest
+    fixed = re.sub(r"\s*\+\s*" + _RANDOM_TERM.pattern, "", rhs)
+    fixed = re.sub(r"^\s*" + _RANDOM_TERM.pattern + r"\s*(\+\s*)?", "", fixed).strip()
     if "|" in fixed:
         raise FormulaError(
             f"could not read the random-effect part of {formula!r}; write random intercepts "

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..distributions import InverseGaussian
+
 __all__ = ["CHI_FLOOR", "update_chi", "expected_inverse", "elbo", "sample_inverse", "working_response"]
 
 #: chi is clipped below at this value so that E[1/a] = chi^(-1/2) stays finite when a point sits
@@ -62,9 +64,14 @@ def elbo(y, mean_f, var_f, chi):
 
 
 def sample_inverse(y, f, rng):
-    """Draw ``w_i = 1/a_i ~ InverseGaussian(1 / |1 - y_i f_i|, 1)`` given the scores ``f``."""
+    """Draw ``w_i = 1/a_i ~ InverseGaussian(1 / |1 - y_i f_i|, 1)`` given the scores ``f``.
+
+    Uses the cancellation-free inverse-Gaussian sampler of :mod:`vbsvm.distributions`
+    (``numpy``'s ``wald`` loses all precision once mean/shape exceeds ~1e16, i.e. for points
+    within 1e-16 of the margin).
+    """
     gap = np.maximum(np.abs(1.0 - y * f), np.sqrt(CHI_FLOOR))
-    return rng.wald(1.0 / gap, 1.0)
+    return InverseGaussian(1.0 / gap, 1.0).sample(rng)
 
 
 def working_response(y, w):

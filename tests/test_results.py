@@ -1,0 +1,181 @@
+"""Fit objects: coefficients, predictions, summaries, ArviZ export and exact save/load."""
+
+import warnings
+
+import arviz as az
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import vbsvm
+from vbsvm.exceptions import DiagnosticWarning, FitFileError, InputError
+
+
+@pytest.fixture(scope="module")
+def grouped():
+    df = vbsvm.datasets.simulate_grouped(25, 6, seed=1)
+    df["arm"] = np.where(df["treatment"] == 1, "drug", "placebo")
+    return df
+
+
+@pytest.fixture(scope="module")
+def fits(grouped):
+    formula = "y ~ time * C(arm) + (1 | group)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        return {
+            "vb": vbsvm.svm(formula, data=grouped, seed=3, draws=200, chains=2),
+            "gibbs": vbsvm.svm(formula, data=grouped, method="gibbs", draws=200, tune=100, chains=2,
+                               seed=3, progress=False),
+            "map": vbsvm.svm(formula, data=grouped, method="map"),
+        }
+
+
+@pytest.mark.parametrize("method", ["vb", "gibbs", "map"])
+def test_coef_table(fits, method):
+    coef = fits[method].coef
+    assert list(coef.columns) == ["mean", "sd", "2.5%", "97.5%"]
+    assert list(coef.index) == ["Intercept", "time", "C(arm)[T.placebo]", "time:C(arm)[T.placebo]"]
+    if method != "map":
+        assert (coef["2.5%"] < coef["mean"]).all() and (coef["mean"] < coef["97.5%"]).all()
+    assert fits[method].coef_table(level=0.5).columns[2] == "25%"
+
+
+@pytest.mark.parametrize("method", ["vb", "gibbs"])
+def test_predict_kinds(fits, grouped, method):
+    fit = fits[method]
+    cls = fit.predict(grouped, kind="class")
+    prob = fit.predict(grouped, kind="prob")
+    score = fit.predict(grouped, kind="score")
+    assert set(cls.unique()) <= {fit.design.negative_level, fit.design.positive_level} == {-1, 1}
+    assert ((prob >= 0) & (prob <= 1)).all()
+    assert list(score.columns) == ["mean", "sd"]
+    np.testing.assert_array_equal(cls.to_numpy() == fit.design.positive_level, score["mean"].to_numpy() > 0)
+    # P(f > 0) is above 1/2 exactly when the predictive mean is positive (VB: Gaussian)
+    if method == "vb":
+        np.testing.assert_array_equal(prob.to_numpy() > 0.5, score["mean"].to_numpy() > 0)
+    assert cls.index.equals(grouped.index)
+
+
+def test_vb_score_matches_its_own_draws(fits, grouped):
+    """The closed-form predictive mean/sd of the score equals that of the stored draws from q."""
+    fit = fits["vb"]
+    big = vbsvm.svm(fit.settings["formula"], data=grouped, seed=5, draws=20000, chains=1)
+    tree = big.to_arviz()
+    beta = tree["posterior"]["beta"].values.reshape(-1, 4)
+    b = tree["posterior"]["b_group"].values.reshape(-1, 25)
+    X = big.design.new_X(grouped, standardized=False)
+    codes = big.design.groups[0].codes
+    f = beta @ X.T + b[:, codes]
+    score = big.predict(grouped, kind="score")
+    np.testing.assert_allclose(f.mean(0), score["mean"], atol=0.03 * score["sd"].max())
+    np.testing.assert_allclose(f.std(0), score["sd"], rtol=0.05)
+
+
+def test_unseen_group_predicts_at_population_level(fits, grouped):
+    new = grouped.iloc[:3].copy()
+    new["group"] = [1000, 1001, 1002]
+    with pytest.warns(DiagnosticWarning, match="not seen"):
+        s = fits["vb"].predict(new, kind="score")
+    X = fits["vb"].design.new_X(new, standardized=False)
+    np.testing.assert_allclose(s["mean"], X @ fits["vb"].coef["mean"].to_numpy())
+
+
+def test_summary_formats(fits):
+    for fit in fits.values():
+        smry = fit.summary()
+        text = smry.as_text()
+        assert "Intercept" in text and "sigma2_group" in text
+        assert "<table" in smry.as_html()
+        assert "tabular" in smry.as_latex()
+        assert "<table" in fit._repr_html_()
+    assert "+1 = 1" in fits["vb"].summary().as_text()
+
+
+def test_to_arviz_layout(fits):
+    for method, fit in fits.items():
+        tree = fit.to_arviz()
+        assert isinstance(tree, xr.DataTree)
+        post = tree["posterior"]
+        assert post["beta"].dims == ("chain", "draw", "coef")
+        assert post["b_group"].dims == ("chain", "draw", "group")
+        assert "sigma2_group" in post and "sigma2_u" in post
+        assert "y" in tree["observed_data"]
+        if method != "map":
+            assert post["beta"].shape[:2] == (2, 200)
+    assert "log_pseudo_likelihood" in fits["gibbs"].to_arviz()["sample_stats"]
+    assert "elbo" in fits["vb"].to_arviz()["sample_stats"]
+    # VB draws are reproducible (seeded)
+    a = fits["vb"].to_arviz()["posterior"]["beta"].values
+    np.testing.assert_array_equal(a, fits["vb"].to_arviz()["posterior"]["beta"].values)
+    s = az.summary(fits["gibbs"].to_arviz(), var_names=["beta"])
+    assert len(s) == 4
+
+
+@pytest.mark.parametrize("method", ["vb", "gibbs", "map"])
+def test_save_load_round_trip(fits, grouped, method, tmp_path):
+    fit = fits[method]
+    path = tmp_path / f"{method}.nc"
+    fit.save(path)
+    back = vbsvm.load(path)
+    pd.testing.assert_frame_equal(back.coef, fit.coef)
+    kinds = ["class", "score"] + ([] if method == "map" else ["prob"])
+    for kind in kinds:
+        a, b = fit.predict(grouped, kind=kind), back.predict(grouped, kind=kind)
+        if isinstance(a, pd.DataFrame):
+            pd.testing.assert_frame_equal(a, b)
+        else:
+            pd.testing.assert_series_equal(a, b)
+    ta, tb = fit.to_arviz(), back.to_arviz()
+    for var in ta["posterior"].data_vars:
+        np.testing.assert_array_equal(ta["posterior"][var].values, tb["posterior"][var].values)
+    pd.testing.assert_frame_equal(back.predict(None, kind="score"), fit.predict(None, kind="score"))
+    # the file is ArviZ-readable as it is
+    tree = az.from_netcdf(path)
+    assert "posterior" in tree.children
+    if method == "gibbs":
+        assert len(az.summary(tree, var_names=["beta"])) == 4
+
+
+def test_load_rejects_foreign_files(tmp_path):
+    with pytest.raises(FitFileError, match="no such file"):
+        vbsvm.load(tmp_path / "absent.nc")
+    junk = tmp_path / "junk.nc"
+    junk.write_bytes(b"not a netcdf file at all")
+    with pytest.raises(FitFileError, match="not a netCDF"):
+        vbsvm.load(junk)
+    other = tmp_path / "other.nc"
+    xr.Dataset({"a": ("x", np.arange(3.0))}).to_netcdf(other, engine="h5netcdf")
+    with pytest.raises(FitFileError, match="not a vbsvm fit"):
+        vbsvm.load(other)
+
+
+def test_inputs_not_mutated(grouped):
+    before = pd.util.hash_pandas_object(grouped).sum()
+    fit = vbsvm.svm("y ~ time + (1 | group)", data=grouped)
+    fit.predict(grouped, kind="prob")
+    assert pd.util.hash_pandas_object(grouped).sum() == before
+
+
+def test_string_response_predicts_labels():
+    df = vbsvm.datasets.simulate_luts(120, 3, seed=2)
+    df["label"] = np.where(df.pop("y") > 0, "case", "control")
+    fit = vbsvm.svm("label ~ .", data=df)
+    assert set(fit.predict(df).unique()) <= {"case", "control"}
+    assert fit.design.positive_level == "control"  # sorted: 'case' < 'control'
+    acc = (fit.predict(df) == df["label"]).mean()
+    assert acc > 0.6
+
+
+def test_bad_arguments(grouped):
+    for kwargs, match in [({"method": "mcmc"}, "method"), ({"penalty": -1.0}, "penalty"),
+                          ({"penalty": 0.0}, "penalty"), ({"penalty": "big"}, "penalty"),
+                          ({"draws": 0}, "draws"), ({"chains": 0}, "chains"), ({"tune": -1}, "tune"),
+                          ({"thin": 0}, "thin"), ({"level": 1.5}, "level"), ({"missing": "zero"}, "missing"),
+                          ({"tol": -1.0}, "tol"), ({"seed": -3}, "seed"), ({"A_u": 0.0}, "A_u")]:
+        with pytest.raises((InputError, TypeError), match=match):
+            vbsvm.svm("y ~ time", data=grouped, **kwargs)
+    fit = vbsvm.svm("y ~ time", data=grouped)
+    with pytest.raises(InputError, match="kind"):
+        fit.predict(grouped, kind="probability")

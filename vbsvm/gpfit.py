@@ -1,0 +1,570 @@
+"""Nonlinear Bayesian SVM with sparse Gaussian processes: :func:`gpsvm` and :class:`GPFit`.
+
+``gpsvm("y ~ .", data=df, kernel="rbf", n_inducing=64, batch_size=100, method="svi")``
+
+The model and its algebra are written out in :mod:`vbsvm.models.gp`; the engines are in
+:mod:`vbsvm.inference.svi` (batch coordinate ascent and SVI) and
+:func:`vbsvm.models.gp.gibbs_sparse`.
+
+Intercept: the formula's intercept column is dropped from X (the GP has no linear part); when
+the formula has an intercept (the default) the kernel gets a :class:`~vbsvm.models.gp.Constant`
+term ``bias.variance`` (a random intercept b ~ N(0, sigma_b^2) added to f), learned with the other
+hyperparameters when ``optimize=True``.  ``y ~ . - 1`` (or ``bias=False``) removes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import pickle
+import time
+import warnings
+from contextlib import nullcontext
+
+import numpy as np
+import pandas as pd
+
+from vbsvm.inference.svi import (ArrayBatches, FitState, StreamBatches, fit_batch, fit_svi)
+from vbsvm.models.gp import (InducingGP, Kernel, WhitenedGaussian, gibbs_sparse, kernel_from_dict,
+                             make_kernel, predictive_prob, select_inducing)
+
+try:
+    from vbsvm.exceptions import ConvergenceWarning, InputError
+except Exception:  # pragma: no cover
+    from vbsvm.models.gp import ConvergenceWarning, InputError
+
+__all__ = ["gpsvm", "fit_gp", "GPFit"]
+
+_METHODS = ("svi", "vb", "gibbs")
+
+
+def _threads(m):
+    """Limit BLAS threads to 1 for small matrices: with m of a few hundred the 2-thread
+    OpenBLAS pools of numpy and scipy fight over the cores (measured 4 s vs 66 s for a batch-VB
+    fit with m = 243 on a busy 2-core machine)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        return nullcontext()
+    return threadpool_limits(1) if m <= 1500 else nullcontext()
+
+
+def _check_positive_int(value, name, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Array-level fit
+# ---------------------------------------------------------------------------------------------
+def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
+           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
+           bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
+           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
+           n_obs=None, feature_names=None, monitor_size=2000, _design=None, _formula=None):
+    """Fit the sparse-GP SVM on arrays (or a stream); see :func:`gpsvm` for the arguments.
+
+    ``X`` may be a callable returning a fresh iterator over ``(X_chunk, y_chunk)`` arrays (then
+    ``y`` is ignored, ``method`` must be ``"svi"``, and the first chunk supplies the inducing
+    points and the ELBO monitor rows).
+    """
+    if method not in _METHODS:
+        raise InputError(f"method={method!r} is not known; use one of {_METHODS}")
+    rng = np.random.default_rng(seed)
+    streaming = callable(X)
+    if streaming:
+        if method != "svi":
+            raise InputError("streamed data (a callable data source) needs method='svi'")
+        first = next(iter(X()))
+        X0, y0 = np.asarray(first[0], float), np.asarray(first[1], float)
+        if n_obs is None:
+            n_obs = sum(np.shape(c[1])[0] for c in X())
+        n, d = int(n_obs), X0.shape[1]
+        Xk, yk = X0, y0
+    else:
+        X = np.asarray(X, dtype=float)
+        y = np.asarray(y, dtype=float)
+        if X.ndim != 2 or y.shape != (X.shape[0],):
+            raise InputError(f"X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
+        if not np.all(np.isin(y, (-1.0, 1.0))):
+            raise InputError("y must be coded -1/+1 (use gpsvm with a formula for other codings)")
+        if not np.all(np.isfinite(X)):
+            raise InputError("X has NaN or infinite values; drop or impute those rows")
+        n, d = X.shape
+        Xk, yk = X, y
+    if batch_size is not None:
+        batch_size = _check_positive_int(batch_size, "batch_size")
+    if method == "vb" and n_inducing is None:
+        inducing_eff = "data"
+    else:
+        inducing_eff = inducing
+    m = _check_positive_int(64 if n_inducing is None else n_inducing, "n_inducing")
+    k = make_kernel(kernel, d, lengthscale=lengthscale, variance=variance, bias=bias,
+                    feature_names=feature_names)
+    if isinstance(inducing_eff, str):
+        Z = select_inducing(Xk, m, inducing_eff, rng=rng)
+    else:
+        Z = np.asarray(inducing_eff, dtype=float)
+        if Z.ndim != 2 or Z.shape[1] != d:
+            raise InputError(f"inducing must be 'kmeans', 'random' or an (m, {d}) array")
+    blocks = InducingGP(k, Z, jitter=jitter)
+    gibbs = None
+    with _threads(blocks.m):
+        if method == "vb":
+            st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-8,
+                           optimize=optimize, optimize_inducing=optimize_inducing)
+        elif method == "svi":
+            if streaming:
+                src = StreamBatches(X, n, batch_size or 100, rng)
+                mon = (Xk[:monitor_size], yk[:monitor_size])
+            else:
+                src = ArrayBatches(X, y, batch_size or 100, rng)
+                mon = src.head(monitor_size)
+            st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-4,
+                         optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
+                         optimize_inducing=optimize_inducing, monitor=mon)
+        else:  # gibbs
+            st = None
+            if optimize:
+                # hyperparameters by VB (the sampler conditions on them), then sample
+                st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-6,
+                               optimize=True, optimize_inducing=optimize_inducing)
+            t0 = time.perf_counter()
+            v, lam = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains,
+                                  thin=thin, seed=rng.integers(2**63), progress=progress)
+            secs = time.perf_counter() - t0 + (st.seconds if st else 0.0)
+            # Gaussian summary of the draws (for predict's fast path and to_arviz attrs)
+            flat = v.reshape(-1, blocks.m)
+            cov = np.cov(flat.T) + 1e-10 * np.eye(blocks.m)
+            P = np.linalg.inv(cov)
+            qg = WhitenedGaussian(P, P @ flat.mean(0))
+            st = FitState(q=qg, blocks=blocks, elbo=st.elbo if st else np.zeros(0),
+                          elbo_iter=st.elbo_iter if st else np.zeros(0, int),
+                          theta_trace=st.theta_trace if st else blocks.kernel.theta[None],
+                          n_iter=chains * (tune + draws * thin), converged=True, seconds=secs,
+                          method="gibbs")
+            gibbs = v
+    return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
+                 formula=_formula, gibbs_draws=gibbs, settings=dict(
+                     kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
+                     batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
+                     draws=draws, tune=tune, chains=chains, thin=thin, streaming=streaming))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formula interface
+# ---------------------------------------------------------------------------------------------
+def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
+          method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
+          bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
+          jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
+          n_obs=None, standardize=True, missing="drop"):
+    """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
+
+    Parameters
+    ----------
+    formula : str
+        ``"y ~ ."`` or ``"y ~ x1 + np.log(x2) + C(g)"``; two-level response (0/1, False/True ->
+        -1/+1; for strings the second sorted level is +1).
+    data : pandas.DataFrame or callable
+        The data, or for larger-than-memory data a callable returning a fresh iterator of
+        DataFrame chunks (SVI only; the first chunk fixes the standardization, the columns and
+        the inducing points; one extra pass counts rows unless ``n_obs`` is given).
+    kernel : str or vbsvm.models.gp.Kernel
+        ``"rbf"`` (default), ``"ard"`` (RBF with per-column lengthscales), ``"matern32"``,
+        ``"matern52"`` (``"-ard"`` suffix for per-column lengthscales), ``"linear"``, sums
+        such as ``"rbf+linear"``, or a Kernel object (``RBF(2.0) + Linear()``).
+    n_inducing : int or None
+        Number of inducing points m (default 64; ``method="vb"`` default: all n data points,
+        the full GP of Section 4.1).
+    inducing : {"kmeans", "random"} or array
+        k-means++ (default), a random subset of rows, or given locations (standardized scale).
+    batch_size : int
+        SVI minibatch size.
+    method : {"svi", "vb", "gibbs"}
+        Stochastic VI (Algorithm 1), batch VB, or Gibbs sampling of the inducing-point model.
+    optimize : bool
+        Learn kernel hyperparameters by maximizing the ELBO (Section 4.3): Adam steps alternating
+        with ``hyper_every`` SVI steps, or L-BFGS M-steps in batch VB (for ``"gibbs"``: by batch
+        VB before sampling).
+    optimize_inducing : bool
+        Also move the inducing locations.
+    lengthscale, variance : float
+        Starting values (lengthscale default sqrt(number of columns)).
+    bias : bool, float or None
+        Constant kernel term for the intercept (default: when the formula has an intercept).
+    max_iter, tol : int, float
+        Iteration cap and relative-ELBO tolerance (defaults: vb 500 / 1e-8; svi 20000 / 1e-4).
+    step : {"adaptive", "robbins-monro"} or float
+        SVI step size.
+    hyper_every, hyper_lr : int, float
+        SVI: variational steps per hyperparameter step, Adam rate (log scale).
+    jitter : float
+        Relative diagonal jitter of K_mm (raised automatically if needed).
+    draws, tune, chains, thin, progress : Gibbs settings.
+    seed : int or None
+        Same seed, same fit.
+    n_obs : int, optional
+        Number of rows of a streamed data source.
+    standardize, missing : passed to the formula layer.
+
+    Returns
+    -------
+    GPFit
+    """
+    from vbsvm.design import build_design
+
+    if callable(data):
+        first = next(iter(data()))
+        design = build_design(formula, first, standardize=standardize, missing=missing)
+        cols, keep = _gp_columns(design)
+
+        def factory():
+            for chunk in data():
+                Xc = design.new_X(chunk)[:, keep]
+                yc = _code_y(chunk[design.response], design)
+                yield Xc, yc
+
+        X, y = factory, None
+    else:
+        design = build_design(formula, data, standardize=standardize, missing=missing)
+        cols, keep = _gp_columns(design)
+        X, y = np.ascontiguousarray(design.X[:, keep]), design.y
+    if bias is None:
+        bias = bool(design.has_intercept)
+    if len(cols) == 0:
+        raise InputError(f"formula {formula!r} has no predictor columns for the GP")
+    fit = fit_gp(X, y, kernel=kernel, n_inducing=n_inducing, inducing=inducing,
+                 batch_size=batch_size, method=method, optimize=optimize,
+                 optimize_inducing=optimize_inducing, lengthscale=lengthscale, variance=variance,
+                 bias=bias, max_iter=max_iter, tol=tol, step=step, hyper_every=hyper_every,
+                 hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
+                 thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
+                 _design=design, _formula=formula)
+    return fit
+
+
+def _gp_columns(design):
+    keep = [j for j, c in enumerate(design.column_names) if c != "Intercept"]
+    return [design.column_names[j] for j in keep], np.asarray(keep, dtype=int)
+
+
+def _code_y(values, design):
+    v = pd.Series(values).to_numpy()
+    out = np.where(v == design.positive_level, 1.0, -1.0)
+    if isinstance(design.positive_level, (bool, np.bool_)) or design.positive_level in (1, 1.0):
+        out = np.where(v.astype(float) > 0, 1.0, -1.0) if np.issubdtype(np.asarray(v).dtype, np.number) else out
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+class GPFit:
+    """A fitted sparse-GP Bayesian SVM.
+
+    Attributes
+    ----------
+    method : str
+    kernel : vbsvm.models.gp.Kernel
+        With the learned hyperparameters.
+    inducing_points : ndarray (m, d)
+        Inducing locations (standardized predictor scale).
+    elbo : ndarray
+        ELBO trace (vb: per sweep; svi: monitor ELBO at each check; gibbs: the VB trace used to
+        learn hyperparameters, or empty).
+    converged : bool
+    n_iter : int
+    seconds : float
+    """
+
+    def __init__(self, state: FitState, method, n_obs, n_features, design=None, formula=None,
+                 gibbs_draws=None, settings=None):
+        self._state = state
+        self.method = method
+        self.n_obs = int(n_obs)
+        self.n_features = int(n_features)
+        self.design = design
+        self.formula = formula
+        self.gibbs_draws = gibbs_draws
+        self.settings = settings or {}
+
+    # -- basic attributes --------------------------------------------------------------------
+    @property
+    def blocks(self) -> InducingGP:
+        return self._state.blocks
+
+    @property
+    def kernel(self) -> Kernel:
+        return self._state.blocks.kernel
+
+    @property
+    def inducing_points(self):
+        return self._state.blocks.Z
+
+    @property
+    def n_inducing(self):
+        return self._state.blocks.m
+
+    @property
+    def q(self) -> WhitenedGaussian:
+        return self._state.q
+
+    @property
+    def elbo(self):
+        return self._state.elbo
+
+    @property
+    def converged(self):
+        return self._state.converged
+
+    @property
+    def n_iter(self):
+        return self._state.n_iter
+
+    @property
+    def seconds(self):
+        return self._state.seconds
+
+    @property
+    def hyperparameters(self) -> pd.DataFrame:
+        """Learned kernel hyperparameters (natural scale) with their starting values."""
+        names = self.kernel.param_names()
+        tr = self._state.theta_trace
+        return pd.DataFrame({"value": np.exp(self.kernel.theta),
+                             "start": np.exp(tr[0]) if len(tr) else np.nan}, index=names)
+
+    @property
+    def coef(self) -> pd.DataFrame:
+        """For the GP model: the hyperparameter table (point estimates; no sd)."""
+        h = self.hyperparameters
+        return pd.DataFrame({"mean": h["value"], "sd": np.nan, "lower": np.nan, "upper": np.nan})
+
+    @property
+    def u_mean(self):
+        """Posterior mean of the inducing values u = L v."""
+        if self.gibbs_draws is not None:
+            return self.blocks.L @ self.gibbs_draws.reshape(-1, self.n_inducing).mean(0)
+        return self.blocks.L @ self.q.mean
+
+    # -- predictions -------------------------------------------------------------------------
+    def _X(self, newdata):
+        if isinstance(newdata, pd.DataFrame) and self.design is not None:
+            Xn = self.design.new_X(newdata)
+            _, keep = _gp_columns(self.design)
+            return np.ascontiguousarray(Xn[:, keep]), newdata.index
+        Xn = np.asarray(newdata, dtype=float)
+        if Xn.ndim != 2 or Xn.shape[1] != self.n_features:
+            raise InputError(f"newdata must be a DataFrame with the formula's columns or an "
+                             f"(n, {self.n_features}) array of standardized predictors")
+        return Xn, None
+
+    def predict_f(self, newdata):
+        """Mean and variance of the latent score f at new rows (Gibbs: over the draws)."""
+        X, _ = self._X(newdata)
+        if self.gibbs_draws is None:
+            return self.blocks.predict_f(X, self.q)
+        A, kt = self.blocks.project(X)
+        F = self.gibbs_draws.reshape(-1, self.n_inducing) @ A.T
+        return F.mean(0), F.var(0) + kt
+
+    def predict(self, newdata=None, kind="class", normalization="probit"):
+        """Predict at new data.
+
+        Parameters
+        ----------
+        newdata : DataFrame or array, optional
+            Default: the training data (needs the design).
+        kind : {"class", "prob", "score"}
+            ``"class"``: the response level of sign(E f); ``"prob"``: approximate predictive
+            probability of the positive level, Phi(m / sqrt(1 + v)) (see
+            :func:`vbsvm.models.gp.predictive_prob`; for Gibbs the mean over draws of
+            Phi(f / sqrt(1 + k~))); ``"score"``: DataFrame with the predictive mean and sd of f.
+        normalization : {"probit", "paper"}
+            ``"paper"`` reproduces eq. (13) as printed (Phi(m / (1 + v))).
+        """
+        if newdata is None:
+            if self.design is None or getattr(self.design, "raw", None) is None:
+                raise InputError("predict() without newdata needs a formula fit; pass newdata")
+            newdata = self.design.raw
+        X, index = self._X(newdata)
+        mean, var = self.predict_f(X)
+        if kind == "score":
+            return pd.DataFrame({"mean": mean, "sd": np.sqrt(var)}, index=index)
+        if kind == "prob":
+            if self.gibbs_draws is not None and normalization == "probit":
+                from scipy.special import ndtr
+                A, kt = self.blocks.project(X)
+                F = self.gibbs_draws.reshape(-1, self.n_inducing) @ A.T
+                p = ndtr(F / np.sqrt(1.0 + kt)).mean(0)
+            else:
+                p = predictive_prob(mean, var, normalization)
+            if self.design is not None and index is not None:
+                return pd.Series(p, index=index,
+                                 name=f"P({self.design.response}={self.design.positive_level!r})")
+            return p
+        if kind == "class":
+            lab = np.where(mean >= 0, 1, -1)
+            if self.design is not None and index is not None:
+                vals = np.where(lab > 0, self.design.positive_level, self.design.negative_level)
+                return pd.Series(vals, index=index, name=self.design.response)
+            return lab
+        raise InputError(f"kind={kind!r}; use 'class', 'prob' or 'score'")
+
+    # -- summary -----------------------------------------------------------------------------
+    def summary(self):
+        """statsmodels Summary: model information and the kernel hyperparameters."""
+        from statsmodels.iolib.summary import Summary
+        from statsmodels.iolib.table import SimpleTable
+
+        s = Summary()
+        resp = self.design.response if self.design is not None else "y"
+        pos = self.design.positive_level if self.design is not None else "+1"
+        el = self.elbo
+        left = [("Response:", f"{resp} (+1 = {pos!r})"), ("Method:", self.method),
+                ("Kernel:", repr(self.kernel)[:60]),
+                ("No. observations:", str(self.n_obs)),
+                ("No. inducing points:", str(self.n_inducing))]
+        right = [("ELBO:", f"{el[-1]:.4f}" if len(el) else "-"),
+                 ("Converged:", str(self.converged)), ("Iterations:", str(self.n_iter)),
+                 ("Time [s]:", f"{self.seconds:.3f}"),
+                 ("Hyperparameters:", "learned" if self.settings.get("optimize") else "fixed")]
+        rows = [[a, b, c, d] for (a, b), (c, d) in zip(left, right)]
+        s.tables.append(SimpleTable(rows, title="Bayesian nonlinear SVM (sparse GP)"))
+        h = self.hyperparameters
+        data = [[f"{v:.4g}", f"{st:.4g}"] for v, st in zip(h["value"], h["start"])]
+        s.tables.append(SimpleTable(data, headers=["value", "start"], stubs=list(h.index),
+                                    title="Kernel hyperparameters"))
+        if len(el) > 1:
+            tail = ", ".join(f"{e:.2f}" for e in el[-5:])
+            s.add_extra_txt([f"ELBO trace (last {min(5, len(el))} of {len(el)}): {tail}",
+                             "Predictive probability: Phi(m / sqrt(1 + v)) (probit integrated over q(f*)).",
+                             "Intercept: constant kernel term 'bias.variance' (random intercept)."])
+        return s
+
+    def __repr__(self):
+        return (f"<vbsvm.GPFit {self.method} {self.formula!r} n={self.n_obs} "
+                f"m={self.n_inducing} kernel={self.kernel!r}>")
+
+    def _repr_html_(self):
+        return self.summary().as_html()
+
+    # -- plots -------------------------------------------------------------------------------
+    def plot_trace(self, ax=None):
+        """ELBO trace and hyperparameter traces (matplotlib Figure)."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+        else:
+            axes = np.atleast_1d(ax)
+            fig = axes[0].figure
+        st = self._state
+        if len(st.elbo):
+            axes[0].plot(st.elbo_iter, st.elbo, "-", lw=1)
+        axes[0].set_xlabel("iteration")
+        axes[0].set_ylabel("ELBO")
+        tr = np.exp(st.theta_trace)
+        for j, nm in enumerate(self.kernel.param_names()):
+            axes[1].plot(tr[:, j], label=nm, lw=1)
+        axes[1].set_yscale("log")
+        axes[1].set_xlabel("check / iteration")
+        axes[1].set_ylabel("hyperparameter")
+        if tr.shape[1] <= 8:
+            axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+
+    # -- ArviZ / persistence -----------------------------------------------------------------
+    def to_arviz(self, draws=1000, chains=4, seed=0):
+        """xarray.DataTree in ArviZ 1.x layout.
+
+        ``posterior``: ``u`` (chain, draw, inducing) — Gibbs draws, or iid draws from q(u) for VB
+        (q's mean and covariance in the group's attrs via ``vbsvm_state``); ``sample_stats``: the
+        Gibbs/VB diagnostics available; ``vbsvm_state``: everything needed to rebuild the fit.
+        """
+        import xarray as xr
+
+        L = self.blocks.L
+        if self.gibbs_draws is not None:
+            V = self.gibbs_draws
+        else:
+            rng = np.random.default_rng(seed)
+            V = self.q.sample(rng, chains * draws).reshape(chains, draws, -1)
+        U = V @ L.T
+        ch, dr = U.shape[:2]
+        coords = {"chain": np.arange(ch), "draw": np.arange(dr), "inducing": np.arange(self.n_inducing)}
+        post = xr.Dataset({"u": (("chain", "draw", "inducing"), U)}, coords=coords,
+                          attrs={"inference": self.method,
+                                 "q_u_mean": (L @ self.q.mean).tolist() if self.gibbs_draws is None else [],
+                                 "note": "u = f(Z) at the inducing locations; VB: iid draws from q(u)"})
+        ss = xr.Dataset({"lp_proxy": (("chain", "draw"), -0.5 * np.sum(V ** 2, axis=-1))},
+                        coords={"chain": coords["chain"], "draw": coords["draw"]})
+        st = self._state
+        state = xr.Dataset({
+            "Z": (("inducing", "feature"), self.inducing_points),
+            "prec": (("inducing", "inducing2"), self.q.prec),
+            "shift": (("inducing",), self.q.shift),
+            "theta": (("param",), self.kernel.theta),
+            "elbo": (("trace",), np.asarray(st.elbo, float)),
+            "elbo_iter": (("trace",), np.asarray(st.elbo_iter, float)),
+            "theta_trace": (("check", "param"), np.asarray(st.theta_trace, float)),
+        })
+        if self.gibbs_draws is not None:
+            state["gibbs_v"] = (("chain", "draw", "inducing"), self.gibbs_draws)
+        meta = dict(method=self.method, n_obs=self.n_obs, n_features=self.n_features,
+                    kernel=self.kernel.to_dict(), jitter=self.blocks.jitter,
+                    converged=bool(st.converged), n_iter=int(st.n_iter), seconds=float(st.seconds),
+                    formula=self.formula, settings=self.settings)
+        attrs = {"vbsvm_fit_type": "gpsvm", "vbsvm_gp_meta": json.dumps(meta, default=str)}
+        if self.design is not None:
+            d = self.design
+            attrs["design_pickle"] = _pickle_design(d)
+        tree = xr.DataTree.from_dict({"posterior": post, "sample_stats": ss, "vbsvm_state": state})
+        tree.attrs.update(attrs)
+        return tree
+
+    def save(self, path):
+        """Write the fit to netCDF (h5netcdf); reload with ``vbsvm.load`` or
+        :meth:`GPFit.from_datatree`."""
+        self.to_arviz(draws=min(1000, 1000), chains=4).to_netcdf(path, engine="h5netcdf")
+
+    @classmethod
+    def from_datatree(cls, tree):
+        """Rebuild a fit from :meth:`to_arviz` / :meth:`save` output."""
+        meta = json.loads(tree.attrs["vbsvm_gp_meta"])
+        st = tree["vbsvm_state"].to_dataset()
+        kern = kernel_from_dict(meta["kernel"])
+        kern.theta = np.asarray(st["theta"].values)
+        blocks = InducingGP(kern, np.asarray(st["Z"].values), jitter=meta["jitter"])
+        q = WhitenedGaussian(np.asarray(st["prec"].values), np.asarray(st["shift"].values))
+        fs = FitState(q=q, blocks=blocks, elbo=np.asarray(st["elbo"].values),
+                      elbo_iter=np.asarray(st["elbo_iter"].values),
+                      theta_trace=np.asarray(st["theta_trace"].values), n_iter=meta["n_iter"],
+                      converged=meta["converged"], seconds=meta["seconds"], method=meta["method"])
+        design = None
+        if "design_pickle" in tree.attrs:
+            try:
+                design = pickle.loads(base64.b64decode(tree.attrs["design_pickle"]))
+            except Exception:  # pragma: no cover
+                design = None
+        gd = np.asarray(st["gibbs_v"].values) if "gibbs_v" in st else None
+        return cls(fs, meta["method"], meta["n_obs"], meta["n_features"], design=design,
+                   formula=meta["formula"], gibbs_draws=gd, settings=meta["settings"])
+
+
+def _pickle_design(d):
+    """The formula layer's Design without the training rows (spec, levels, standardization)."""
+    import dataclasses
+
+    try:
+        small = dataclasses.replace(d, y=np.zeros(0), X=np.zeros((0, d.X.shape[1])),
+                                    raw=d.raw.iloc[:0], missing_mask=np.zeros((0, d.X.shape[1]), bool),
+                                    row_labels=d.row_labels[:0])
+        return base64.b64encode(pickle.dumps(small)).decode("ascii")
+    except Exception:  # pragma: no cover
+        return ""
