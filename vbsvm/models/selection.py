@@ -1,0 +1,498 @@
+r"""Laplace-zero variable selection for the linear Bayesian SVM (Luts & Ormerod 2014, Section 3.2,
+Algorithm 3 and Appendix B).
+
+Model. The columns of the fixed-effect design split into the always-included block ``beta``
+(intercept and the ``keep`` terms, prior :math:`N(0, \sigma_\beta^2)`) and the :math:`m`
+selectable columns :math:`Z`; random intercepts :math:`u_g` (``(1 | g)`` terms) are always
+included with their own variances. With :math:`C = [X, Z, Z_{groups}]`,
+:math:`\theta = (\beta, v, u_g)`, :math:`\tilde\gamma = (1_p, \gamma, 1)` and
+:math:`f = C \mathrm{diag}(\tilde\gamma)\theta` (so the effective coefficient of column k is
+:math:`u_k = \gamma_k v_k`):
+
+.. math::
+
+    p(y, a \mid \theta, \gamma) &= \prod_i (2\pi a_i)^{-1/2} \exp\{-(1 + a_i - y_i f_i)^2 / (2 a_i)\}, \\
+    \beta_j &\sim N(0, \sigma_\beta^2), \qquad u_{g,l} \sim N(0, \sigma_g^2), \\
+    v_k \mid b_k, \sigma_u^2 &\sim N(0, \sigma_u^2 / b_k), \qquad b_k \sim IG(1, 1/2), \qquad
+        \gamma_k \sim \mathrm{Bernoulli}(\rho), \\
+    \sigma_u^2, \sigma_g^2 &\sim IG(A_u, B_u).
+
+Integrating out :math:`b_k`, :math:`v_k \mid \sigma_u \sim \mathrm{Laplace}(0, \sigma_u)` (density
+:math:`e^{-|v|/\sigma_u} / (2\sigma_u)`): :math:`1/b_k \sim \mathrm{Exp}(\text{rate } 1/2)`, so the
+variance :math:`\sigma_u^2 / b_k` is exponential with rate :math:`1/(2\sigma_u^2)`, the normal scale
+mixture of Andrews & Mallows (1974). Hence :math:`u_k = \gamma_k v_k` has the Laplace-zero prior.
+
+Full conditionals (Appendix B; checked here, no typos found). Write :math:`w_i = 1/a_i`,
+:math:`W = \mathrm{diag}(w)`, :math:`r = C^T\{y \odot (1 + w)\}`, :math:`G = C^T W C` and
+:math:`\tau` the prior precisions (:math:`1/\sigma_\beta^2`, :math:`b_k/\sigma_u^2`,
+:math:`1/\sigma_g^2`):
+
+.. math::
+
+    \theta \mid \text{rest} &\sim N(P^{-1} \tilde T r,\, P^{-1}), \quad
+        P = \tilde T G \tilde T + \mathrm{diag}(\tau), \quad \tilde T = \mathrm{diag}(\tilde\gamma), \\
+    \mathrm{logit}\, P(\gamma_k = 1 \mid \text{rest}) &= \mathrm{logit}\,\rho - \tfrac12 G_{kk} v_k^2
+        + v_k r_k - v_k Z_k^T W f_{-k}, \quad f_{-k} = f - Z_k \gamma_k v_k, \\
+    b_k \mid \text{rest} &\sim \mathrm{InverseGaussian}(\sigma_u / |v_k|, 1), \\
+    \sigma_u^2 \mid \text{rest} &\sim IG(A_u + m/2,\, B_u + \tfrac12 \textstyle\sum_k b_k v_k^2), \quad
+    \sigma_g^2 \mid \text{rest} \sim IG(A_u + m_g/2,\, B_u + \tfrac12 \|u_g\|^2), \\
+    w_i \mid \text{rest} &\sim \mathrm{InverseGaussian}(1/|1 - y_i f_i|, 1).
+
+(:math:`b_k` has density :math:`\propto b_k^{-3/2}\exp\{-(v_k^2/\sigma_u^2) b_k/2 - 1/(2b_k)\}`,
+i.e. :math:`GIG(-1/2, v_k^2/\sigma_u^2, 1)`, the inverse Gaussian with mean :math:`\sigma_u/|v_k|`
+and shape 1.) The Gibbs sampler draws the :math:`\gamma_k` one at a time (they are dependent);
+:math:`Z_k^T W f_{-k}` is read from the vector :math:`t = G\,(\tilde\gamma \odot \theta)`, which is
+updated by one column of :math:`G` when :math:`\gamma_k` flips (rank-one bookkeeping of the
+linear predictor in coefficient space: :math:`O(q)` per k, :math:`G` is needed for the
+:math:`\theta` draw anyway).
+
+Mean-field VB (Algorithm 3) with
+:math:`q(\theta) q(\sigma^2) \prod_i q(a_i) \prod_k q(b_k) q(\gamma_k)`:
+
+.. math::
+
+    q(\theta) &= N(\mu, \Sigma), \quad \Sigma^{-1} = G \odot \Omega_{\tilde\gamma} + \mathrm{diag}(E\tau),
+        \quad \mu = \Sigma\, \mathrm{diag}(\mu_{\tilde\gamma})\, r, \\
+    q(b_k) &= \mathrm{InverseGaussian}\big((E[\sigma_u^{-2}]\,\Omega_{kk})^{-1/2}, 1\big), \\
+    q(\gamma_k) &= \mathrm{Bernoulli}(\mathrm{expit}\,\eta_k), \quad
+        \eta_k = \mathrm{logit}\,\rho - \tfrac12 G_{kk}\Omega_{kk} + \mu_k r_k
+        - \textstyle\sum_{j \ne k} G_{kj}\, \mu_{\tilde\gamma_j}\, \Omega_{jk}, \\
+    q(a_i) &= GIG(1/2, 1, \chi_i), \quad \chi_i = E_q[(1 - y_i f_i)^2], \\
+    q(\sigma_u^2) &= IG(A_u + m/2,\, B_u + \tfrac12 \textstyle\sum_k E[b_k]\,\Omega_{kk}),
+
+with :math:`\Omega = \Sigma + \mu\mu^T` and
+:math:`\Omega_{\tilde\gamma} = \mu_{\tilde\gamma}\mu_{\tilde\gamma}^T + \mathrm{diag}\{\mu_{\tilde\gamma}(1 - \mu_{\tilde\gamma})\}`.
+Line 6 of Algorithm 3 is the expression for :math:`\eta_k` with
+:math:`Z_k^T(I + W)y\,\mu_k = \mu_k r_k` and the cross terms
+:math:`Z_k^T W(X\Omega_{\beta,k} + Z_{-k}\mathrm{diag}(\mu_{\gamma_{-k}})\Omega_{-k,k}) = \sum_{j\ne k} G_{kj}\mu_{\tilde\gamma_j}\Omega_{jk}`;
+we evaluate it from :math:`H = G \odot \Omega` and the running vector :math:`H\mu_{\tilde\gamma}`,
+updated by one column of :math:`H` after each :math:`\gamma_k` (:math:`O(q)` per k, no
+:math:`O(n)` or :math:`O(n m^2)` work inside the loop). The Gram matrix :math:`G` is formed once per
+sweep (:math:`O(n q^2)`), and
+
+* :math:`G \odot \Omega_{\tilde\gamma} = D G D + \mathrm{diag}\{G_{kk}\mu_k(1-\mu_k)\}`,
+  :math:`D = \mathrm{diag}(\mu_{\tilde\gamma})`, so :math:`q(\theta)` is the Gaussian of the linear model
+  with the scaled design :math:`C D` and an extra ridge — the largest grouping factor is again
+  eliminated by a Schur complement;
+* :math:`E_q[f_i] = c_i^T(\mu_{\tilde\gamma} \odot \mu)` and
+  :math:`\mathrm{Var}_q f_i = (c_i \odot \mu_{\tilde\gamma})^T \Sigma (c_i \odot \mu_{\tilde\gamma})
+  + \sum_k c_{ik}^2 \mu_{\gamma_k}(1 - \mu_{\gamma_k})\Omega_{kk}` (line 10 of Algorithm 3).
+
+ELBO (all constants, so that fits with different ``rho`` are comparable). Besides the hinge term
+(:mod:`vbsvm.models.hinge`), the Gaussian prior terms of ``beta`` and ``u_g``, the entropy of
+:math:`q(\theta)` and the inverse-gamma terms, each selectable k contributes
+
+.. math::
+
+    E\log p(v_k \mid b_k, \sigma_u^2) + E\log p(b_k) + H[q(b_k)]
+        = -\log 2 - \tfrac12 E\log\sigma_u^2 - \tfrac12 E[\sigma_u^{-2}]\,\mu_{b_k}\Omega_{kk} - \frac{1}{2\mu_{b_k}}
+
+for :math:`q(b_k) = \mathrm{InverseGaussian}(\mu_{b_k}, 1)`: the :math:`E\log b_k` terms cancel
+(:math:`\tfrac12 - 2 + \tfrac32 = 0`), as do the :math:`E[1/b_k]` terms, and the normalizer of
+:math:`GIG(-1/2, \psi, 1)` is :math:`\tfrac12\log 2\pi - \sqrt\psi`, whose :math:`\tfrac12\log2\pi`
+cancels the Gaussian constant of :math:`v_k`. The Bernoulli terms are
+:math:`\mu_{\gamma_k}\log(\rho/\mu_{\gamma_k}) + (1-\mu_{\gamma_k})\log\{(1-\rho)/(1-\mu_{\gamma_k})\}`.
+At a fixed point this equals the paper's simplified bound (Section 3.2), whose
+``log Gamma(A + m/2)`` is a typo for ``log Gamma(A_u + m/2)``; the simplified bound is *not* the
+ELBO between updates (it assumes every factor optimal given the others, but q(b) is updated before
+q(sigma_u^2)), so we always evaluate the full expression.
+
+The VB state extrapolated by SQUAREM is ``(log chi, log B_q, log mu_b, eta)``: every real vector is
+a valid q, so extrapolation is safe.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg.lapack import dtrtri
+from scipy.special import expit, log_expit
+
+from ..distributions import InverseGamma, InverseGaussian
+from . import hinge
+from .linear import CoefficientPosterior, LinearSVMModel
+
+__all__ = ["LaplaceZeroModel", "SelectionPosterior", "fit_laplace_zero"]
+
+LOG_2PI = math.log(2.0 * math.pi)
+LOG_2 = math.log(2.0)
+
+#: Initial q(gamma_k) logit of the VB iterations: start with every term (almost surely) in the
+#: model, so that the first q(theta) is the ridge-type fit of the full model.
+ETA_INIT = 10.0
+
+
+def _expit(x: float) -> float:
+    """expit of a Python float without overflow."""
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+@dataclass
+class Gram:
+    """Data products that depend on the working weights w only (formed once per sweep).
+
+    ``Gdd = Cd^T W Cd``; for the largest grouping factor ``Dw = Z_s^T w`` and ``Gsd = Z_s^T W Cd``;
+    ``bd, br``: ``C^T y(1 + w)`` split in dense and sparse parts.
+    """
+
+    Gdd: np.ndarray
+    bd: np.ndarray
+    Dw: np.ndarray
+    Gsd: np.ndarray
+    br: np.ndarray
+
+
+class SelectionPosterior(CoefficientPosterior):
+    r"""Gaussian ``N(P^{-1} h, P^{-1})`` of theta given the inclusion weights ``s``.
+
+    ``P = D G D + diag(diag(G) s (1 - s)) + diag(tau)`` and ``h = D C^T y(1 + w)`` with
+    ``D = diag(s)`` over the dense coordinates (``s = 1`` except for the selectable columns).
+    VB passes ``s = E_q[gamma~]``; Gibbs passes the current 0/1 indicators (then the extra ridge
+    vanishes and this is the Appendix B full conditional). The moments, covariance blocks and
+    sampler are those of :class:`~vbsvm.models.linear.CoefficientPosterior`.
+    """
+
+    def __init__(self, model: "LaplaceZeroModel", gram: Gram, s, tau):
+        base = model.base
+        self.model = base
+        self.s = s
+        qd = base.qd
+        A = gram.Gdd * np.outer(s, s)
+        A[np.diag_indices(qd)] += tau[:qd] + np.diag(gram.Gdd) * s * (1.0 - s)
+        hd = s * gram.bd
+        if base.m_sparse:
+            D = gram.Dw + tau[qd:]
+            GD = (gram.Gsd * s) / D[:, None]
+            br = gram.br
+            S = A - (gram.Gsd * s).T @ GD
+            h = hd - GD.T @ br
+        else:
+            D, GD, br = np.zeros(0), np.zeros((0, qd)), np.zeros(0)
+            S, h = A, hd
+        self.L = np.linalg.cholesky(S)
+        self.Linv, status = dtrtri(self.L, lower=1)
+        if status != 0:
+            raise np.linalg.LinAlgError("singular Cholesky factor of the coefficient precision")
+        self.D, self.GD, self.br = D, GD, br
+        self.mean_dense = self.Linv.T @ (self.Linv @ h)
+        self.mean_sparse = br / D - GD @ self.mean_dense if base.m_sparse else np.zeros(0)
+
+    def score_moments(self, s, sel, second_moment_sel):
+        """Mean and variance of ``f_i = sum_j C_ij gamma~_j theta_j`` under ``q(theta) x Bernoulli(s)``.
+
+        ``second_moment_sel`` is ``Omega_kk`` of the selectable coordinates ``sel``.
+        """
+        m = self.model
+        Cs = m.Cd * s
+        mean = Cs @ self.mean_dense
+        if m.m_sparse:
+            mean = mean + self.mean_sparse[m.codes]
+            V = (Cs - self.GD[m.codes]) @ self.Linv.T
+            var = np.einsum("ij,ij->i", V, V) + 1.0 / self.D[m.codes]
+        else:
+            V = Cs @ self.Linv.T
+            var = np.einsum("ij,ij->i", V, V)
+        ss = s[sel]
+        var = var + (m.Cd[:, sel] ** 2) @ (ss * (1.0 - ss) * second_moment_sel)
+        return mean, var
+
+
+class LaplaceZeroModel:
+    """Blocks of the linear Bayesian SVM with the Laplace-zero prior (see module docstring).
+
+    Parameters
+    ----------
+    X : ndarray (n, p)
+        Fixed-effect design (standardized).
+    y : ndarray (n,)
+        Labels in {-1, +1}.
+    groups : list of (codes, n_levels, name)
+        Random-intercept factors (always included).
+    select : ndarray of bool (p,)
+        Columns of ``X`` under the Laplace-zero prior; the others get ``N(0, sigma2_beta)``.
+    rho : float
+        Prior inclusion probability, in (0, 1]; ``rho = 1`` (a test device) fixes every
+        ``gamma_k = 1``.
+    sigma2_beta, A, B : float
+        Prior hyperparameters.
+    fixed_b : ndarray (m,), optional
+        Hold the Laplace mixing variables ``b_k`` at these values (a test device: with
+        ``rho = 1`` and ``b = 1`` the model is the ridge-type model of
+        :class:`~vbsvm.models.linear.LinearSVMModel` with ``penalty="auto"``).
+    """
+
+    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None):
+        select = np.asarray(select, dtype=bool)
+        fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
+        fixed_precision[select] = np.nan
+        self.base = LinearSVMModel(X, y, groups, fixed_precision, A=A, B=B)
+        base = self.base
+        self.n, self.q, self.qd = base.n, base.q, base.qd
+        self.y = base.y
+        self.A, self.B = float(A), float(B)
+        self.sel = np.flatnonzero(select)
+        self.m = self.sel.size
+        if self.m == 0:
+            raise ValueError("no selectable columns")
+        # The variance component "sigma2_u" of the base model governs exactly the selectable
+        # coordinates; it is the first variance component (the groups follow).
+        self.vcomps = base.variance_components
+        assert self.vcomps[0].name == "sigma2_u" and np.array_equal(self.vcomps[0].index, self.sel)
+        self.sizes = np.array([c.size for c in self.vcomps], dtype=float)
+        self.set_rho(rho)
+        self.fixed_b = None if fixed_b is None else np.broadcast_to(np.asarray(fixed_b, float), (self.m,)).copy()
+        self.fixed_index = np.concatenate([c.index for c in base.components if c.kind == "fixed"] or [np.zeros(0, int)]).astype(int)
+        self.fixed_tau = base.prior_precision(np.ones(len(self.vcomps)))[self.fixed_index]
+
+    def set_rho(self, rho):
+        """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
+        rho = float(rho)
+        if not 0.0 < rho <= 1.0:
+            raise ValueError("rho must lie in (0, 1]")
+        self.rho = rho
+        self.logit_rho = math.inf if rho == 1.0 else math.log(rho) - math.log1p(-rho)
+        self.log_rho = math.log(rho)
+        self.log_1mrho = -math.inf if rho == 1.0 else math.log1p(-rho)
+
+    # ------------------------------------------------------------------ shared algebra
+    def gram(self, w) -> Gram:
+        """``C^T W C`` and ``C^T y(1 + w)`` in the dense/sparse split of the base model."""
+        base = self.base
+        Wd = base.Cd * w[:, None]
+        Gdd = base.Cd.T @ Wd
+        r = hinge.working_response(self.y, w)
+        bd = base.Cd.T @ r
+        if base.m_sparse:
+            return Gram(Gdd, bd, base.Zt @ w, np.asarray(base.Zt @ Wd), base.Zt @ r)
+        return Gram(Gdd, bd, np.zeros(0), np.zeros((0, self.qd)), np.zeros(0))
+
+    def scaling(self, gamma_sel) -> np.ndarray:
+        """Dense vector ``s``: 1 for always-included coordinates, ``gamma_sel`` on the selectable ones."""
+        s = np.ones(self.qd)
+        s[self.sel] = gamma_sel
+        return s
+
+    def prior_precision(self, inv_var, b) -> np.ndarray:
+        """Prior precisions tau: ``1/sigma2_beta``, ``b_k / sigma_u^2`` and ``1/sigma_g^2``."""
+        tau = self.base.prior_precision(inv_var)
+        tau[self.sel] *= b
+        return tau
+
+    def effective(self, theta, gamma_sel) -> np.ndarray:
+        """Coefficients ``gamma~ * theta`` (what enters the score)."""
+        u = np.array(theta, dtype=float, copy=True)
+        u[self.sel] *= gamma_sel
+        return u
+
+    def posterior(self, gram, s, tau) -> SelectionPosterior:
+        return SelectionPosterior(self, gram, s, tau)
+
+    def variance_posterior(self, sq) -> InverseGamma:
+        """IG factor (VB) or full conditional (Gibbs) of every variance, given the sums of squares."""
+        return InverseGamma(self.A + self.sizes / 2.0, self.B + np.asarray(sq) / 2.0)
+
+    # ------------------------------------------------------------------ VB (Algorithm 3)
+    def vb_initial_state(self, eta=ETA_INIT):
+        """``(log chi, log B_q, log mu_b, eta)``: w = 1, E[1/sigma^2] = 1, E[b] = 1, gamma ~ 1."""
+        return np.concatenate([np.zeros(self.n), np.log(self.A + self.sizes / 2.0), np.zeros(self.m),
+                               np.full(self.m, float(eta))])
+
+    def unpack(self, state):
+        n, nv, m = self.n, len(self.vcomps), self.m
+        chi = np.exp(state[:n])
+        Bq = np.exp(state[n:n + nv])
+        mu_b = np.exp(state[n + nv:n + nv + m]) if self.fixed_b is None else self.fixed_b
+        eta = state[n + nv + m:]
+        return chi, Bq, mu_b, eta
+
+    def vb_sweep(self, state):
+        """One pass of Algorithm 3 from ``state``; returns ``(new_state, q, elbo)``.
+
+        Order as in the paper: q(theta) (lines 2-3); for each k, q(b_k) then q(gamma_k)
+        (lines 4-8); q(a) (line 10); q(sigma^2) (line 11). Each update maximizes the ELBO in its
+        factor given the others, so the ELBO of successive sweeps never decreases.
+        """
+        chi, Bq, mu_b, eta = self.unpack(state)
+        Aq = self.A + self.sizes / 2.0
+        w = hinge.expected_inverse(chi)
+        gram = self.gram(w)
+        s = self.scaling(expit(eta))
+        tau = self.prior_precision(Aq / Bq, mu_b)
+        post = self.posterior(gram, s, tau)
+        mu = post.mean
+        dcov = post.diag_cov()
+        sel = self.sel
+        e_inv_s2u = Aq[0] / Bq[0]
+        # lines 4-8
+        Sdd = post.cov_dense()
+        Odd = Sdd + np.outer(post.mean_dense, post.mean_dense)
+        Okk = np.diag(Odd)[sel].copy()
+        if self.fixed_b is None:
+            mu_b_new = 1.0 / np.sqrt(e_inv_s2u * Okk)
+        else:
+            mu_b_new = self.fixed_b
+        eta_new = self._gamma_sweep(gram, post, Odd, s)
+        s_new = self.scaling(expit(eta_new))
+        # line 10
+        mf, vf = post.score_moments(s_new, sel, Okk)
+        chi_new = hinge.update_chi(self.y, mf, vf)
+        # line 11 (and the group variances as in Algorithm 2)
+        sq = [float(np.sum(mu_b_new * Okk))]
+        sq += [float(np.sum(mu[c.index] ** 2 + dcov[c.index])) for c in self.vcomps[1:]]
+        q_var = self.variance_posterior(sq)
+        q = {"theta": post, "theta_mean": mu, "theta_var": dcov, "Okk": Okk, "mu_b": mu_b_new,
+             "eta": eta_new, "gamma": expit(eta_new), "chi": chi_new, "variances": q_var,
+             "mean_f": mf, "var_f": vf}
+        parts = [np.log(chi_new), np.log(q_var.b), np.log(mu_b_new), eta_new]
+        return np.concatenate(parts), q, self.elbo(q)
+
+    def _gamma_sweep(self, gram, post, Odd, s):
+        """Lines 4-8 of Algorithm 3: sequential q(gamma_k) updates, O(q) each.
+
+        ``eta_k = logit(rho) - G_kk Omega_kk / 2 + mu_k r_k - sum_{j != k} G_kj s_j Omega_jk
+        - (sparse-factor term)``; the sum is kept in ``t = (G * Omega) s`` and updated by one
+        column after each k.
+        """
+        sel = self.sel
+        base = self.base
+        H = gram.Gdd * Odd
+        t = H @ s
+        if base.m_sparse:
+            # sum over levels l of the largest factor: G_{l,k} Omega_{l,k} (these are always in)
+            Sds = post.cov_dense_sparse()  # (qd, m_s)
+            cross = np.einsum("lk,kl->k", gram.Gsd, Sds) + post.mean_dense * (gram.Gsd.T @ post.mean_sparse)
+        else:
+            cross = np.zeros(self.qd)
+        mu_d = post.mean_dense
+        const = (self.logit_rho - 0.5 * np.diag(H) + mu_d * gram.bd - cross)[sel].tolist()
+        Hkk = np.diag(H)[sel].tolist()
+        s = s.copy()
+        eta = np.empty(self.m)
+        for i, k in enumerate(sel.tolist()):
+            e = const[i] - (t[k] - Hkk[i] * s[k])
+            new = _expit(e)
+            delta = new - s[k]
+            if delta != 0.0:
+                t += H[:, k] * delta
+                s[k] = new
+            eta[i] = e
+        return eta
+
+    def elbo(self, q) -> float:
+        """Full evidence lower bound (all constants) of a complete q (see module docstring)."""
+        post = q["theta"]
+        mu, dcov = q["theta_mean"], q["theta_var"]
+        value = hinge.elbo(self.y, q["mean_f"], q["var_f"], q["chi"])
+        qv = q["variances"]
+        e_inv, e_log = np.atleast_1d(qv.mean_inv()), np.atleast_1d(qv.mean_log())
+        # always-included fixed effects: N(0, 1/tau) with known tau
+        fi, ft = self.fixed_index, self.fixed_tau
+        value += float(np.sum(-0.5 * LOG_2PI + 0.5 * np.log(ft) - 0.5 * ft * (mu[fi] ** 2 + dcov[fi])))
+        # random intercepts: N(0, sigma_g^2)
+        for c, ei, el in zip(self.vcomps[1:], e_inv[1:], e_log[1:]):
+            value += float(np.sum(-0.5 * LOG_2PI - 0.5 * el - 0.5 * ei * (mu[c.index] ** 2 + dcov[c.index])))
+        # selectable: v_k | b_k, sigma_u^2 and b_k, with q(b_k) inverse Gaussian
+        mu_b = q["mu_b"]
+        if self.fixed_b is None:
+            value += float(np.sum(-LOG_2 - 0.5 * e_log[0] - 0.5 * e_inv[0] * mu_b * q["Okk"] - 0.5 / mu_b))
+        else:  # b held fixed: plain Gaussian prior with precision b_k / sigma_u^2
+            value += float(np.sum(-0.5 * LOG_2PI + 0.5 * np.log(mu_b) - 0.5 * e_log[0]
+                                  - 0.5 * e_inv[0] * mu_b * q["Okk"]))
+        # entropy of q(theta)
+        value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * post.logdet_cov()
+        # variances
+        value += float(np.sum(InverseGamma(self.A, self.B).expected_logpdf(qv) + qv.entropy()))
+        # gamma: E log p(gamma) + H[q(gamma)]
+        eta = q["eta"]
+        g = expit(eta)
+        with np.errstate(invalid="ignore"):
+            t1 = g * (self.log_rho - log_expit(eta))
+            t0 = np.where(g < 1.0, (1.0 - g) * (self.log_1mrho - log_expit(-eta)), 0.0)
+        value += float(np.sum(t1 + t0))
+        return value
+
+    # ------------------------------------------------------------------ Gibbs (Appendix B)
+    def gibbs_initial_state(self, rng):
+        b = np.ones(self.m) if self.fixed_b is None else self.fixed_b
+        return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": b.copy(),
+                "sigma2": np.ones(len(self.vcomps))}
+
+    def gamma_logits(self, gram, theta, gamma_sel, rng=None):
+        """Draw the gamma_k one at a time from their full conditionals (module docstring).
+
+        Returns the new indicators and the conditional logits used. With ``rng=None`` nothing is
+        drawn: the logits of every k given the *current* others are returned (a test device).
+        """
+        sel = self.sel
+        s = self.scaling(gamma_sel)
+        theta_d = theta[: self.qd]
+        t = gram.Gdd @ (s * theta_d)
+        if self.base.m_sparse:
+            t += gram.Gsd.T @ theta[self.qd:]
+        v = theta_d[sel].tolist()
+        Gkk = np.diag(gram.Gdd)[sel].tolist()
+        r = gram.bd[sel].tolist()
+        thresholds = None if rng is None else (np.log(u := rng.random(self.m)) - np.log1p(-u)).tolist()
+        gam = np.asarray(gamma_sel, dtype=float).copy()
+        logits = np.empty(self.m)
+        for i, k in enumerate(sel.tolist()):
+            vk = v[i]
+            zwf = t[k] - Gkk[i] * gam[i] * vk  # Z_k^T W f_{-k}
+            e = self.logit_rho - 0.5 * Gkk[i] * vk * vk + vk * r[i] - vk * zwf
+            logits[i] = e
+            if thresholds is None:
+                continue
+            new = 1.0 if e > thresholds[i] else 0.0  # P(logistic draw < e) = expit(e)
+            if new != gam[i]:
+                t += gram.Gdd[:, k] * ((new - gam[i]) * vk)
+                gam[i] = new
+        return gam, logits
+
+    def gibbs_sweep(self, state, rng):
+        """theta | rest; gamma_k | rest one at a time; w | f; b | v, sigma_u; variances | rest."""
+        gram = self.gram(state["w"])
+        tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
+        s = self.scaling(state["gamma"])
+        theta = self.posterior(gram, s, tau).sample(rng)
+        gamma, _ = self.gamma_logits(gram, theta, state["gamma"], rng)
+        u = self.effective(theta, gamma)
+        f = self.base.predictor(u)
+        w = hinge.sample_inverse(self.y, f, rng)
+        v = theta[self.sel]
+        if self.fixed_b is None:
+            sigma_u = math.sqrt(state["sigma2"][0])
+            absv = np.maximum(np.abs(v), 1e-300)
+            b = InverseGaussian(sigma_u / absv, 1.0).sample(rng)
+        else:
+            b = self.fixed_b
+        sq = [float(np.sum(b * v * v))] + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]]
+        sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
+        return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
+
+
+# ---------------------------------------------------------------------------------------------
+# fitting (called by vbsvm.svm when prior is given)
+# ---------------------------------------------------------------------------------------------
+def fit_laplace_zero(design, settings, prior):
+    """Fit the Laplace-zero selection model (``vbsvm.svm(..., prior=LaplaceZero(...))``).
+
+    Parameters
+    ----------
+    design : vbsvm.design.Design
+    settings : dict
+        Validated keyword arguments of :func:`vbsvm.svm`.
+    prior : vbsvm.LaplaceZero
+
+    Returns
+    -------
+    vbsvm.selection_fit.SelectionFit
+    """
+    from .._selection_driver import fit as _fit
+
+    return _fit(design, settings, prior)
