@@ -373,6 +373,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
     raw = data[used].copy()
+    raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
 
     # Missing values in predictors / grouping columns.
     predictor_cols = [v for v in needed_vars if v != response]

@@ -46,7 +46,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg.lapack import dtrtri
 from scipy.special import digamma, gammaln
 
 from ..distributions import InverseGamma
@@ -105,11 +104,10 @@ class CoefficientPosterior:
             br = np.zeros(0)
             S, h = A, bd
         self.L = np.linalg.cholesky(S)
-        # Inverse of the triangular factor (LAPACK trtri, O(qd^3)): every product with the
-        # n rows then runs as one numpy matrix multiply (no per-call triangular solves).
-        self.Linv, status = dtrtri(self.L, lower=1)
-        if status != 0:
-            raise np.linalg.LinAlgError("singular Cholesky factor of the coefficient precision")
+        # Inverse of the triangular factor, O(qd^3) once per update, with numpy's LAPACK: every
+        # product with the n rows is then one numpy matrix multiply, and the hot loop never
+        # alternates between numpy's and scipy's OpenBLAS (their threads fight over the cores).
+        self.Linv = np.linalg.solve(self.L, np.eye(qd))
         self.D, self.GD, self.br = D, GD, br
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
         if model.m_sparse:

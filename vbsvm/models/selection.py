@@ -103,7 +103,9 @@ a valid q, so extrapolation is safe.
 
 from __future__ import annotations
 
+import difflib
 import math
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +113,9 @@ from scipy.linalg.lapack import dtrtri
 from scipy.special import expit, log_expit
 
 from ..distributions import InverseGamma, InverseGaussian
+from ..exceptions import ConvergenceWarning, InputError, InputTypeError
+from ..inference.gibbs import run_chains
+from ..inference.vb import coordinate_ascent
 from . import hinge
 from .linear import CoefficientPosterior, LinearSVMModel
 
@@ -492,7 +497,180 @@ def fit_laplace_zero(design, settings, prior):
     Returns
     -------
     vbsvm.selection_fit.SelectionFit
-    """
-    from .._selection_driver import fit as _fit
 
-    return _fit(design, settings, prior)
+    Raises
+    ------
+    vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
+        For a prior that is not a :class:`~vbsvm.LaplaceZero`, ``method="map"``,
+        ``missing="impute"``, a ``penalty`` other than the default, unknown ``keep`` terms or
+        nothing left to select.
+    """
+    from ..priors import LaplaceZero
+    from ..results import ThetaLayout
+    from ..selection_fit import SelectionFit
+
+    if not isinstance(prior, LaplaceZero):
+        raise InputTypeError(
+            f"prior must be a vbsvm.LaplaceZero(...) (the only sparse prior so far), got {type(prior).__name__}."
+        )
+    method = settings["method"]
+    if method not in ("vb", "gibbs"):
+        raise InputError(
+            f"method={method!r} is not available with prior=LaplaceZero(...): the posterior mode of a "
+            "spike-and-slab prior is degenerate. Use method='vb' or method='gibbs'."
+        )
+    if settings.get("missing") == "impute":
+        raise InputError(
+            "missing='impute' cannot be combined with prior=LaplaceZero(...) yet; use missing='drop'."
+        )
+    if settings.get("penalty", "auto") != "auto":
+        raise InputError(
+            f"penalty={settings['penalty']!r} cannot be combined with prior=LaplaceZero(...): the "
+            "Laplace slab (scale inferred) replaces the ridge penalty. Leave penalty at its default."
+        )
+    select = selectable_columns(design, prior.keep)
+    m = int(select.sum())
+    if m == 0:
+        raise InputError(
+            "prior=LaplaceZero(...) has nothing to select: every fixed effect is the intercept or "
+            "listed in keep. Remove terms from keep or add predictors to the formula."
+        )
+    rho = prior.resolve_rho(m)
+    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
+    model = LaplaceZeroModel(design.X, design.y, groups, select, rho if rho != "auto" else prior.rho_grid[0],
+                             sigma2_beta=settings["sigma2_beta"], A=settings["A_u"], B=settings["B_u"])
+    base = model.base
+    gnames = {g.name: (g.levels, base.group_slices[g.name]) for g in design.groups}
+    sparse = design.groups[base.sparse_group].name if base.sparse_group is not None else None
+    layout = ThetaLayout(fixed=list(design.column_names), groups=gnames, n_dense=base.qd,
+                         sparse_group=sparse, variances=[c.name for c in model.vcomps])
+    M = np.eye(base.qd)
+    M[: design.p, : design.p] = design.to_original()
+    info = {"model": "Bayesian linear SVM with Laplace-zero selection"
+                     + (" and random intercepts" if design.groups else ""),
+            "n_selectable": m}
+    vb_kwargs = dict(tol=settings["tol"], max_iter=settings["max_iter"], accelerate=settings["accelerate"])
+    res = None
+    if rho == "auto":
+        rho, res, curve = _choose_rho(model, prior.rho_grid, vb_kwargs)
+        info["rho_grid"] = [float(r) for r in prior.rho_grid]
+        info["rho_elbo"] = [float(e) for e in curve]
+        info["rho_selection"] = "ELBO of the VB fit on the grid rho_grid"
+    model.set_rho(rho)
+    info["rho"] = float(rho)
+    if method == "vb":
+        if res is None:
+            res = coordinate_ascent(model, **vb_kwargs)
+        posterior = _vb_posterior(model, res, M)
+        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
+    else:
+        gres = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
+                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
+                          n_jobs=settings["n_jobs"], record=("u", "gamma", "sigma2", "log_pseudo_likelihood"))
+        u = gres.draws["u"].copy()
+        u[..., : base.qd] = u[..., : base.qd] @ M.T
+        posterior = {"theta_draws": u, "sigma2_draws": gres.draws["sigma2"],
+                     "log_pseudo_likelihood": gres.draws["log_pseudo_likelihood"],
+                     "gamma_draws": gres.draws["gamma"].astype(np.int8)}
+        info.update(seconds=gres.seconds)
+    posterior["sel_index"] = model.sel.astype(np.int64)
+    settings = dict(settings, prior=prior.to_dict())
+    fit = SelectionFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
+                       info=info)
+    if method == "gibbs":
+        fit._warn_diagnostics()
+    return fit
+
+
+def selectable_columns(design, keep) -> np.ndarray:
+    """Boolean mask of the design columns under the Laplace-zero prior.
+
+    Every non-intercept fixed effect, except the ``keep`` entries (column names, or formula terms
+    whose columns are all kept).
+
+    Raises
+    ------
+    vbsvm.exceptions.InputError
+        Naming ``keep`` when an entry is neither a column nor a term of the formula.
+    """
+    names = list(design.column_names)
+    select = np.asarray(design.penalized, dtype=bool).copy()
+    terms = {}
+    try:
+        for term, sl in design.spec.term_slices.items():
+            terms[str(term)] = list(range(sl.start, sl.stop))
+    except AttributeError:  # pragma: no cover - formulaic always provides term_slices
+        pass
+    for k in keep:
+        key = k.strip("`")
+        if key in names:
+            select[names.index(key)] = False
+        elif key in terms:
+            select[terms[key]] = False
+        elif key == "Intercept":
+            continue
+        else:
+            options = names + [t for t in terms if t not in names and t != "1"]
+            hint = difflib.get_close_matches(key, options, n=1)
+            raise InputError(
+                f"keep: {k!r} is not a column or term of the formula"
+                + (f"; did you mean {hint[0]!r}?" if hint else f"; the columns are {names[:20]}.")
+            )
+    return select
+
+
+def _choose_rho(model, grid, vb_kwargs):
+    """Fit VB for every rho on the grid (same start) and keep the one with the largest ELBO."""
+    curve, best = [], None
+    failed = []
+    for r in grid:
+        model.set_rho(r)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = coordinate_ascent(model, **vb_kwargs)
+        if not res.converged:
+            failed.append(r)
+        curve.append(res.elbo[-1])
+        if best is None or res.elbo[-1] > best[1].elbo[-1]:
+            best = (r, res)
+    if failed:
+        warnings.warn(
+            f"rho='auto': VB did not converge for rho in {failed}; their ELBO values are the last "
+            "iterate's (increase max_iter or loosen tol).",
+            ConvergenceWarning,
+            stacklevel=4,
+        )
+    return best[0], best[1], curve
+
+
+def _vb_posterior(model, res, M):
+    """Arrays stored by a VB SelectionFit: q's parameters and the moments of the effective
+    coefficients u = gamma~ * theta on the original scale (what the Fit base class reads)."""
+    q = res.q
+    post = q["theta"]
+    qd = model.qd
+    mu = post.mean
+    var = post.diag_cov()
+    Sdd = post.cov_dense()
+    Sds = post.cov_dense_sparse() if model.base.m_sparse else np.zeros((qd, 0))
+    g = q["gamma"]
+    s = model.scaling(g)
+    # effective coefficients: E[u] = s * mu; Cov(u_d) = (s s^T) * Sigma + diag(s (1 - s) Omega_kk)
+    mean_eff = mu.copy()
+    mean_eff[:qd] = s * mu[:qd]
+    cov_eff = Sdd * np.outer(s, s)
+    cov_eff[np.diag_indices(qd)] += s * (1.0 - s) * (var[:qd] + mu[:qd] ** 2)
+    cov_ds = s[:, None] * Sds
+    mean_o = mean_eff.copy()
+    mean_o[:qd] = M @ mean_eff[:qd]
+    cov_o = M @ cov_eff @ M.T
+    var_o = var.copy()
+    var_o[:qd] = np.diag(cov_o)
+    qv = q["variances"]
+    return {
+        "theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
+        "var_shape": np.atleast_1d(qv.a).astype(float), "var_scale": np.atleast_1d(qv.b).astype(float),
+        "elbo": res.elbo,
+        "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds,
+        "q_gamma": g, "q_eta": q["eta"], "q_b": np.asarray(q["mu_b"], float), "q_chi": q["chi"],
+    }

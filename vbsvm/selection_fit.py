@@ -1,0 +1,331 @@
+"""The fitted Laplace-zero selection model: inclusion probabilities, plots, predictions, ArviZ.
+
+A :class:`SelectionFit` is a :class:`~vbsvm.results.Fit` whose coefficients are the **effective**
+coefficients :math:`u_k = \\gamma_k v_k` (zero when a term is out of the model), on the original
+predictor scale. So ``coef``, ``predict``, ``summary`` and ``to_arviz`` speak about the same
+quantity, and
+
+* ``method="vb"``: ``coef`` means and sds are the exact moments of :math:`u_k` under q, where
+  :math:`q(u_k) = (1 - \\mu_{\\gamma_k})\\,\\delta_0 + \\mu_{\\gamma_k} N(\\mu_{v_k}, \\sigma^2_{v_k})`;
+  its intervals are the exact quantiles of that mixture (an interval may contain, or be, 0).
+  The score of a new row uses the paper's rule :math:`c^T(\\mu_{q(\\beta, v)} \\odot \\mu_{q(\\tilde\\gamma)})`;
+  ``kind="prob"`` is the fraction of iid draws from q with a positive score.
+* ``method="gibbs"``: the draws of :math:`u = \\gamma v` (one vector per kept sweep), so the score is
+  the posterior mean of :math:`c^T(\\tilde\\gamma \\odot \\theta)`.
+
+The inclusion table (:meth:`SelectionFit.inclusion`) and the ``gamma`` variable of
+:meth:`SelectionFit.to_arviz` (dims ``chain, draw, coef_selectable``, for VB iid draws from q)
+carry the selection itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+
+from .exceptions import InputError
+from .results import Fit, _interval_names
+from .summary import build_summary, format_number, penalty_description
+
+__all__ = ["SelectionFit"]
+
+
+class SelectionFit(Fit):
+    """A linear Bayesian SVM with the Laplace-zero prior (see :func:`vbsvm.svm` with ``prior=``).
+
+    Use :meth:`inclusion`, :meth:`plot_inclusion`, :attr:`rho`, :attr:`rho_curve` besides the
+    methods of :class:`~vbsvm.results.Fit`.
+    """
+
+    # ------------------------------------------------------------------ selection basics
+    @property
+    def sel_index(self) -> np.ndarray:
+        """Coordinates of theta (= design columns) under the Laplace-zero prior."""
+        return np.asarray(self.posterior["sel_index"], dtype=np.int64)
+
+    @property
+    def selectable(self) -> list:
+        """Names of the selectable terms (design columns), in design order."""
+        return [self.layout.fixed[j] for j in self.sel_index]
+
+    @property
+    def rho(self) -> float:
+        """The prior inclusion probability used (the chosen one for ``rho="auto"``)."""
+        return float(self.info["rho"])
+
+    @property
+    def rho_curve(self) -> pd.DataFrame | None:
+        """``rho="auto"``: the ELBO of the VB fit for each ``rho`` on the grid (else ``None``).
+
+        Columns ``rho``, ``expected_size`` (``rho * m``), ``elbo`` and ``chosen``.
+        """
+        if "rho_grid" not in self.info:
+            return None
+        grid = np.asarray(self.info["rho_grid"], dtype=float)
+        elbo = np.asarray(self.info["rho_elbo"], dtype=float)
+        return pd.DataFrame({"rho": grid, "expected_size": grid * len(self.sel_index), "elbo": elbo,
+                             "chosen": np.isclose(grid, self.rho)})
+
+    def _scale_sel(self) -> np.ndarray:
+        """Standardization scale of the selectable columns (v on the original scale is v / scale)."""
+        return np.asarray(self.design.scale, dtype=float)[self.sel_index]
+
+    def gamma_draws(self) -> np.ndarray:
+        """Draws of the inclusion indicators, shape ``(chains, draws, m)`` (VB: iid from q)."""
+        if self.method == "gibbs":
+            return np.asarray(self.posterior["gamma_draws"])
+        return self._vb_draws()[1]
+
+    # ------------------------------------------------------------------ inclusion table
+    def inclusion(self) -> pd.DataFrame:
+        """Posterior inclusion of each selectable term, sorted by ``p_include`` (decreasing).
+
+        Returns
+        -------
+        pandas.DataFrame
+            Indexed by term, columns
+
+            * ``p_include``: :math:`P(\\gamma_k = 1 \\mid y)`;
+            * ``p_positive``: :math:`P(u_k > 0 \\mid y)` (:math:`u_k = \\gamma_k v_k`);
+            * ``p_positive_if_included``: :math:`P(u_k > 0 \\mid \\gamma_k = 1, y)`, the sign
+              of the association when the term is in (the paper's :math:`P(v_k > 0 \\mid y)`
+              under VB's factorization; it shades :meth:`plot_inclusion`); NaN if never included;
+            * ``mean``, ``sd``: of :math:`u_k` on the original predictor scale;
+            * ``mean_if_included``, ``sd_if_included``: of :math:`u_k` given :math:`\\gamma_k = 1`;
+            * ``median_model``: ``p_include > 0.5`` (the median probability model of
+              Barbieri & Berger 2004).
+        """
+        names = self.selectable
+        scale = self._scale_sel()
+        if self.method == "vb":
+            P = self.posterior
+            sel = self.sel_index
+            g = np.asarray(P["q_gamma"], dtype=float)
+            mv = P["q_mean"][sel] / scale
+            sv = np.sqrt(P["q_var"][sel]) / scale
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ppos_in = stats.norm.cdf(mv / sv)
+            mean = g * mv
+            sd = np.sqrt(np.maximum(g * (sv ** 2 + mv ** 2) - mean ** 2, 0.0))
+            p_in, p_pos, m_in, s_in = g, g * ppos_in, mv, sv
+        else:
+            gam = self.posterior["gamma_draws"].reshape(-1, len(names)).astype(bool)
+            u = self._theta_draws()[:, self.sel_index]
+            p_in = gam.mean(0)
+            p_pos = (u > 0).mean(0)
+            mean = u.mean(0)
+            sd = u.std(0, ddof=1)
+            cnt = gam.sum(0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                m_in = np.where(cnt > 0, (u * gam).sum(0) / cnt, np.nan)
+                dev = np.where(gam, u - m_in, 0.0)
+                s_in = np.where(cnt > 1, np.sqrt((dev ** 2).sum(0) / (cnt - 1)), np.nan)
+                ppos_in = np.where(cnt > 0, ((u > 0) & gam).sum(0) / cnt, np.nan)
+        table = pd.DataFrame({
+            "p_include": p_in, "p_positive": p_pos, "p_positive_if_included": ppos_in,
+            "mean": mean, "sd": sd, "mean_if_included": m_in, "sd_if_included": s_in,
+        }, index=pd.Index(names, name="term"))
+        table = table.sort_values("p_include", ascending=False, kind="stable")
+        table["median_model"] = table["p_include"] > 0.5
+        return table
+
+    @property
+    def selected(self) -> list:
+        """Terms of the median probability model (``p_include > 0.5``), by decreasing ``p_include``."""
+        t = self.inclusion()
+        return t.index[t["median_model"]].tolist()
+
+    def plot_inclusion(self, ax=None, **kwargs):
+        """Bar chart of the inclusion probabilities (as Luts & Ormerod's Figure 3).
+
+        Bars are ``p_include`` sorted decreasingly, shaded by ``p_positive_if_included``
+        (dark: positive association with the ``+1`` level; white: negative). Keyword arguments go
+        to :func:`vbsvm.plots.plot_inclusion`.
+
+        Returns
+        -------
+        matplotlib.figure.Figure
+        """
+        from .plots import plot_inclusion
+
+        kwargs.setdefault("title", f"Inclusion probabilities ({'VB' if self.method == 'vb' else 'Gibbs'}, "
+                                   f"rho = {self.rho:g})")
+        return plot_inclusion(self.inclusion(), ax=ax, positive_label=str(self.design.positive_level), **kwargs)
+
+    # ------------------------------------------------------------------ marginals
+    def _marginals(self, index, level):
+        """As :meth:`Fit._marginals`, with exact spike-and-slab quantiles for VB's selectable terms."""
+        mean, sd, lo, hi = super()._marginals(index, level)
+        if self.method != "vb":
+            return mean, sd, lo, hi
+        index = np.asarray(index)
+        sel = self.sel_index
+        pos = {int(j): i for i, j in enumerate(sel)}
+        P = self.posterior
+        scale = self._scale_sel()
+        lo, hi = np.array(lo, dtype=float), np.array(hi, dtype=float)
+        for r, j in enumerate(index.tolist()):
+            if j in pos:
+                i = pos[j]
+                g = float(P["q_gamma"][i])
+                m = P["q_mean"][j] / scale[i]
+                s = np.sqrt(P["q_var"][j]) / scale[i]
+                lo[r], hi[r] = _mixture_quantile(g, m, s, [(1 - level) / 2, 1 - (1 - level) / 2])
+        return mean, sd, lo, hi
+
+    def varcomp(self, level=None) -> pd.DataFrame:
+        """Inferred variances: ``sigma2_u`` is the squared scale of the Laplace slab
+        (``v_k | sigma_u ~ Laplace(0, sigma_u)``), then one variance per ``(1 | g)`` term."""
+        out = super().varcomp(level)
+        return out.drop(index="alpha", errors="ignore")
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, newdata=None, kind="class"):
+        """Predict new data with the paper's rule (see module docstring).
+
+        Parameters and return values as :meth:`vbsvm.results.Fit.predict`; for VB fits
+        ``kind="prob"`` is ``P(f(x) > 0)`` estimated from the iid draws from q stored by
+        :meth:`to_arviz` (the score is a spike-and-slab mixture, not Gaussian).
+        """
+        if kind != "prob" or self.method != "vb":
+            return super().predict(newdata, kind)
+        if newdata is None:
+            newdata = self.design.raw
+        dense, sc = self._new_rows(newdata)
+        draws = self._vb_draws()[0].reshape(-1, self.layout.q)
+        lay = self.layout
+        n = dense.shape[0]
+        prob = np.empty(n)
+        for start in range(0, n, 2048):
+            sl = slice(start, start + 2048)
+            f = draws[:, : lay.n_dense] @ dense[sl].T
+            if sc is not None:
+                s = sc[sl]
+                seen = s >= 0
+                f[:, seen] += draws[:, lay.n_dense:][:, s[seen]]
+            prob[sl] = (f > 0).mean(0)
+        return pd.Series(prob, index=newdata.index,
+                         name=f"P({self.design.response}={self.design.positive_level!r})")
+
+    # ------------------------------------------------------------------ draws / ArviZ
+    def _vb_draws(self):
+        """iid draws from q: effective coefficients (original scale), gamma, variances (cached)."""
+        cache = self.__dict__.get("_vb_draw_cache")
+        if cache is not None:
+            return cache
+        P = self.posterior
+        lay = self.layout
+        chains, draws = int(self.settings.get("chains", 4)), int(self.settings.get("draws", 1000))
+        rng = np.random.default_rng(self.settings.get("seed"))
+        qd = lay.n_dense
+        Ld = np.linalg.cholesky(P["q_cov_dense"])
+        z = rng.standard_normal((chains, draws, qd))
+        dense = P["q_mean"][:qd] + z @ Ld.T
+        parts = [dense]
+        if lay.sparse_group:
+            ms = P["q_mean"][qd:]
+            Sds = P["q_cov_ds"]
+            K = np.linalg.solve(P["q_cov_dense"], Sds)  # regression of sparse on dense coordinates
+            cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
+            zs = rng.standard_normal((chains, draws, ms.size))
+            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + zs * np.sqrt(np.maximum(cond_var, 0.0)))
+        theta = np.concatenate(parts, axis=-1)
+        gamma = (rng.random((chains, draws, self.sel_index.size)) < P["q_gamma"]).astype(np.int8)
+        theta[..., self.sel_index] *= gamma
+        M = np.eye(qd)
+        M[: lay.p, : lay.p] = self.design.to_original()
+        theta[..., :qd] = theta[..., :qd] @ M.T
+        sig = np.empty((chains, draws, len(lay.variances)))
+        for k in range(len(lay.variances)):
+            sig[..., k] = stats.invgamma(P["var_shape"][k], scale=P["var_scale"][k]).rvs(
+                size=(chains, draws), random_state=rng)
+        self.__dict__["_vb_draw_cache"] = (theta, gamma, sig)
+        return theta, gamma, sig
+
+    def _draws(self):
+        if self.method == "vb":
+            theta, _, sig = self._vb_draws()
+            return theta, sig
+        return super()._draws()
+
+    def _posterior_dataset(self) -> xr.Dataset:
+        ds = super()._posterior_dataset()
+        gamma = self.gamma_draws()
+        ds["gamma"] = xr.DataArray(gamma, dims=("chain", "draw", "coef_selectable"),
+                                   coords={"coef_selectable": self.selectable})
+        return ds
+
+    def to_arviz(self):
+        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
+
+        As :meth:`vbsvm.results.Fit.to_arviz`; ``beta`` holds the effective coefficients
+        ``u = gamma * v`` and the posterior group also has ``gamma`` (dims ``chain, draw,
+        coef_selectable``; VB: iid draws from q). The root attribute ``vbsvm_fit_type`` is
+        ``"selection"``.
+        """
+        dt = super().to_arviz()
+        dt.attrs["vbsvm_fit_type"] = "selection"
+        post = dt["posterior"]
+        post.attrs["prior"] = "Laplace-zero: u_k = gamma_k v_k, v_k ~ Laplace(0, sigma_u), gamma_k ~ Bernoulli(rho)"
+        post.attrs["rho"] = self.rho
+        if self.method == "vb":
+            post.attrs["q"] = ("theta ~ N(q_mean, q_cov) (standardized scale); gamma_k ~ Bernoulli(q_gamma_k); "
+                               "b_k ~ InverseGaussian(q_b_k, 1); sigma2_k ~ IG(var_shape_k, var_scale_k); "
+                               "see group 'vbsvm'")
+        return dt
+
+    def __repr__(self):
+        return (f"<vbsvm.SelectionFit {self.method} {self.design.formula!r} n={self.n_obs} "
+                f"rho={self.rho:g} selected={len(self.selected)}/{len(self.sel_index)}>")
+
+    # ------------------------------------------------------------------ summary
+    def summary(self, level=None):
+        """statsmodels-style summary with the inclusion table (``as_text()``, ``as_html()``, ...)."""
+        level = self._level(level)
+        smry = build_summary(self, level)
+        _replace_header(smry, penalty_description(self.settings), self._prior_text())
+        inc = self.inclusion()
+        cols = ["p_include", "p_positive", "mean_if_included", "sd_if_included", "median_model"]
+        smry.add_text(f"Inclusion probabilities ({len(self.selected)} of {len(inc)} terms in the median "
+                      "probability model, p_include > 0.5):")
+        smry.add_df(inc[cols].map(format_number), index=True)
+        if self.rho_curve is not None:
+            curve = self.rho_curve
+            smry.add_text("rho chosen by the ELBO on the grid: "
+                          + ", ".join(f"{r:g}: {e:.2f}{' *' if c else ''}"
+                                      for r, e, c in zip(curve["rho"], curve["elbo"], curve["chosen"])))
+        return smry
+
+    def _prior_text(self) -> str:
+        s = self.settings
+        m = len(self.sel_index)
+        return (f"Laplace-zero, rho = {self.rho:.4g} (expected size {self.rho * m:.3g} of {m}); "
+                f"sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})")
+
+
+def _replace_header(smry, old, new):
+    """Replace the penalty description in the header table of a statsmodels Summary."""
+    for table in smry.tables:
+        if isinstance(table, pd.DataFrame):
+            mask = table.map(lambda v: isinstance(v, str) and v.strip() == old)
+            if mask.values.any():
+                table[mask] = new
+                keys = table.map(lambda v: isinstance(v, str) and v.strip() == "Penalty:")
+                table[keys] = "Prior:"
+                return
+
+
+def _mixture_quantile(g, m, s, probs):
+    """Quantiles of ``(1 - g) delta_0 + g N(m, s^2)`` (closed form; the atom is a flat step)."""
+    out = []
+    below = g * stats.norm.cdf(-m / s) if s > 0 else g * float(m < 0)
+    for p in probs:
+        if p < below:
+            out.append(m + s * stats.norm.ppf(p / g))
+        elif p <= below + (1.0 - g):
+            out.append(0.0)
+        else:
+            out.append(m + s * stats.norm.ppf((p - (1.0 - g)) / g))
+    return out
