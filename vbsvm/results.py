@@ -342,6 +342,11 @@ class Fit:
         """statsmodels-style summary (``as_text()``, ``as_html()``, ``as_latex()``)."""
         return build_summary(self, self._level(level))
 
+    def summary_tables(self, level) -> list:
+        """Extra ``(title, DataFrame)`` sections of :meth:`summary` (models with more blocks
+        override this)."""
+        return list(self.info.get("summary_tables", []))
+
     def __repr__(self):
         return f"<vbsvm.Fit {self.method} {self.design.formula!r} n={self.n_obs}>"
 

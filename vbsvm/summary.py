@@ -1,6 +1,6 @@
 """statsmodels-style summary tables for vbsvm fits (text, HTML and LaTeX).
 
-:func:`build_summary` returns a :class:`statsmodels.iolib.summary2.Summary`, so
+:func:`build_summary` returns a :class:`statsmodels.iolib.summary.Summary`, so
 ``as_text()``, ``as_html()``, ``as_latex()`` and the notebook display work as for statsmodels.
 """
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from statsmodels.iolib.summary2 import Summary
+from statsmodels.iolib.summary import Summary
+from statsmodels.iolib.table import SimpleTable
+from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 
-__all__ = ["build_summary", "penalty_description", "format_number"]
+__all__ = ["build_summary", "frame_table", "penalty_description", "format_number"]
 
 METHOD_NAMES = {
     "vb": "Variational Bayes (mean field)",
@@ -67,7 +69,7 @@ def _header(fit) -> dict:
         head["Chains x draws:"] = f"{s['chains']} x {s['draws']} (tune {s['tune']}, thin {s['thin']})"
         diag = fit.diagnostics()
         head["Max R-hat:"] = format_number(float(diag["r_hat"].max()))
-        head["Min bulk ESS:"] = format_number(float(diag["ess_bulk"].min()))
+        head["Min bulk ESS:"] = format_number(int(round(diag["ess_bulk"].min())))
     else:
         head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
         head["Iterations:"] = fit.info.get("n_iter", "?")
@@ -76,28 +78,48 @@ def _header(fit) -> dict:
     return head
 
 
-def _format_table(df: pd.DataFrame) -> pd.DataFrame:
-    return df.map(format_number)
+def _header_table(head: dict, title: str) -> SimpleTable:
+    """Two side-by-side columns of ``label: value`` pairs, as in statsmodels' model summaries."""
+    items = [(k, v if isinstance(v, str) else format_number(v)) for k, v in head.items()]
+    half = (len(items) + 1) // 2
+    left, right = items[:half], items[half:]
+    if len(right) < len(left):
+        right.append(("", ""))
+    table = SimpleTable([[v] for _, v in left], stubs=[k for k, _ in left], title=title, txt_fmt=fmt_2cols)
+    table.extend_right(SimpleTable([[v] for _, v in right], stubs=[k for k, _ in right], txt_fmt=fmt_2cols))
+    return table
+
+
+def frame_table(df: pd.DataFrame, title: str | None = None) -> SimpleTable:
+    """A DataFrame as a statsmodels parameter table (numbers formatted by :func:`format_number`)."""
+    data = [[format_number(v) for v in row] for row in df.itertuples(index=False)]
+    return SimpleTable(data, headers=[str(c) for c in df.columns], stubs=[str(i) for i in df.index],
+                       title=title, txt_fmt=fmt_params)
 
 
 def build_summary(fit, level: float) -> Summary:
-    """Summary of a linear :class:`~vbsvm.results.Fit` at interval level ``level``."""
+    """Summary of a linear :class:`~vbsvm.results.Fit` at interval level ``level``.
+
+    Sections: the header, the fixed effects, the variance components (when inferred), then any
+    ``(title, DataFrame)`` pairs a model adds in ``fit.info["summary_tables"]`` (or by overriding
+    ``fit.summary_tables(level)``), then notes.
+    """
     smry = Summary()
-    smry.add_title(f"{fit.info.get('model', 'Bayesian linear SVM')}: {fit.design.formula}")
-    head = {k: (v if isinstance(v, str) else format_number(v)) for k, v in _header(fit).items()}
-    smry.add_dict(head, ncols=2)
+    smry.tables.append(_header_table(_header(fit), f"{fit.info.get('model', 'Bayesian linear SVM')} results"))
     coef = fit.coef_table(level)
     if fit.method == "gibbs":
         diag = fit.diagnostics()
         rows = [f"beta[{t}]" for t in coef.index]
-        coef = coef.join(diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index))
-    smry.add_df(_format_table(coef), index=True)
+        diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
+        diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
+        coef = coef.join(diag)
+    smry.tables.append(frame_table(coef))
     if fit.layout.variances:
-        smry.add_text("Variance components and penalty:")
-        smry.add_df(_format_table(fit.varcomp(level)), index=True)
-    for extra in fit.info.get("summary_blocks", []):
-        smry.add_text(extra)
+        smry.tables.append(frame_table(fit.varcomp(level), "Variance components and penalty"))
+    for title, table in fit.summary_tables(level):
+        smry.tables.append(frame_table(table, title))
     notes = [
+        f"Formula: {fit.design.formula}",
         "Coefficients are on the original predictor scale; the score is f(x) = x'beta (+ random intercepts).",
         f"Intervals: {100 * level:g}% "
         + ("Gaussian q-intervals." if fit.method == "vb" else "equal-tailed posterior quantiles." if fit.method == "gibbs" else "not available for a mode."),
@@ -105,5 +127,6 @@ def build_summary(fit, level: float) -> Summary:
     if fit.method == "vb":
         notes.append("Mean-field VB sds for this augmentation are typically about half of MCMC's; "
                      "check with vbsvm.compare(fit_vb, fit_gibbs).")
-    smry.add_text("\n".join(notes))
+    notes.extend(fit.info.get("summary_notes", []))
+    smry.add_extra_txt(notes)
     return smry

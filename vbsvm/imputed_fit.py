@@ -1,0 +1,411 @@
+"""The fitted-model object of the Bayesian SVM with missing predictors imputed in the model
+(``vbsvm.svm(..., missing="impute")``; see :mod:`vbsvm.models.missing`).
+
+:class:`ImputedFit` is a :class:`~vbsvm.results.Fit` with the imputation blocks added:
+
+* :attr:`ImputedFit.imputed`: one row per missing cell (row label, design column, posterior mean,
+  sd and an interval), on the original scale of the **design column**: a predictor entered as
+  ``np.log(choleste)`` is imputed and reported as ``np.log(choleste)``;
+* :meth:`ImputedFit.to_arviz`: the posterior group also holds ``x_missing`` (dim
+  ``missing_cell``), ``mu`` (dim ``imp_col``) and ``Sigma`` (dims ``imp_col``, ``imp_col_bis``);
+* :meth:`ImputedFit.predict` accepts rows with missing predictors: the score is integrated over
+  the conditional distribution of the missing entries given the observed ones under the fitted
+  imputation model (Gibbs: per draw of ``(beta, mu, Sigma)``; VB: with ``E_q[mu]`` and the
+  precision ``E_q[Sigma^{-1}]`` that the VB imputations themselves use);
+* :meth:`ImputedFit.summary` adds the missing-data counts and the imputation model.
+
+Stored quantities (``fit.posterior``), all on the original scale of the design columns:
+VB: ``x_missing_mean``, ``x_missing_sd``, ``x_missing_rowcov`` (each incomplete row's covariance
+block, padded), ``mu_mean``, ``mu_cov``, ``Sigma_scale``, ``Sigma_df`` (``q(Sigma) = IW``);
+Gibbs: ``x_missing_draws``, ``mu_draws``, ``Sigma_draws``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy import stats
+
+from .results import Fit, _interval_names
+from .distributions import InverseWishart
+
+__all__ = ["ImputedFit"]
+
+#: Value of the root attribute ``vbsvm_fit_type`` written by :meth:`ImputedFit.to_arviz`.
+FIT_TYPE = "imputed"
+
+
+def _chol_inv(A):
+    L = np.linalg.cholesky(A)
+    Linv = np.linalg.solve(L, np.eye(A.shape[0]))
+    return Linv.T @ Linv
+
+
+class ImputedFit(Fit):
+    """A Bayesian SVM fitted with ``missing="impute"`` (see :func:`vbsvm.svm`).
+
+    Everything :class:`~vbsvm.results.Fit` offers, plus :attr:`imputed`, the imputation-model
+    parameters in :meth:`to_arviz`, and predictions for rows with missing predictors.
+    """
+
+    # ------------------------------------------------------------------ bookkeeping
+    @property
+    def imputation_columns(self) -> list:
+        """Names of the design columns in the imputation model (every non-intercept column)."""
+        return [self.layout.fixed[j] for j in self._imp_cols]
+
+    @property
+    def _imp_cols(self) -> np.ndarray:
+        return np.flatnonzero(self.design.penalized)
+
+    def _cells(self):
+        """Row and imputation-column index of each missing cell (row-major order)."""
+        mask = np.asarray(self.design.missing_mask, dtype=bool)[:, self._imp_cols]
+        return np.nonzero(mask)
+
+    @property
+    def n_incomplete(self) -> int:
+        """Number of training rows with at least one missing predictor."""
+        return int(np.asarray(self.design.missing_mask)[:, self._imp_cols].any(axis=1).sum())
+
+    # ------------------------------------------------------------------ imputations
+    @property
+    def imputed(self) -> pd.DataFrame:
+        """Posterior of every missing cell: ``row`` (the data's index label), ``column`` (design
+        column, e.g. ``np.log(choleste)``: values are on that transformed scale), ``mean``,
+        ``sd`` and a 95% interval (Gibbs: equal-tailed posterior quantiles; VB: the Gaussian
+        q-interval, typically too narrow)."""
+        return self.imputed_table()
+
+    def imputed_table(self, level=None) -> pd.DataFrame:
+        """:attr:`imputed` at another interval ``level``."""
+        level = self._level(level)
+        rows, cols = self._cells()
+        names = np.array(self.imputation_columns, dtype=object)
+        lo_name, hi_name = _interval_names(level)
+        lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+        P = self.posterior
+        if self.method == "vb":
+            mean = np.asarray(P["x_missing_mean"], dtype=float)
+            sd = np.asarray(P["x_missing_sd"], dtype=float)
+            z = stats.norm.ppf(hi_q)
+            lo, hi = mean - z * sd, mean + z * sd
+        else:
+            d = np.asarray(P["x_missing_draws"]).reshape(-1, rows.size)
+            mean = d.mean(axis=0)
+            sd = d.std(axis=0, ddof=1) if d.shape[0] > 1 else np.full(rows.size, np.nan)
+            lo, hi = np.quantile(d, lo_q, axis=0), np.quantile(d, hi_q, axis=0)
+        return pd.DataFrame({"row": np.asarray(self.design.row_labels)[rows], "column": names[cols],
+                             "mean": mean, "sd": sd, lo_name: lo, hi_name: hi})
+
+    def imputation_model(self) -> pd.DataFrame:
+        """Posterior means of the imputation model ``d_i ~ N(mu, Sigma)`` on the original
+        scale of the design columns: ``n_missing``, ``mu`` (mean and sd) and ``sd(d)`` =
+        ``sqrt(Sigma_jj)``, and the correlations implied by ``E[Sigma]``."""
+        mu_draws, Sigma_draws = self._imputation_parameter_summaries()
+        mean_mu, sd_mu, Sigma = mu_draws[0], mu_draws[1], Sigma_draws
+        names = self.imputation_columns
+        n_missing = np.asarray(self.design.missing_mask)[:, self._imp_cols].sum(axis=0)
+        sd = np.sqrt(np.diag(Sigma))
+        table = pd.DataFrame({"n_missing": n_missing.astype(int), "mu": mean_mu, "sd(mu)": sd_mu,
+                              "sd(d)": sd}, index=pd.Index(names, name="column"))
+        corr = Sigma / np.outer(sd, sd)
+        for j, name in enumerate(names):
+            table[f"corr[{j + 1}]"] = corr[:, j]
+        return table
+
+    def _imputation_parameter_summaries(self):
+        P = self.posterior
+        if self.method == "vb":
+            d = P["mu_mean"].size
+            df = float(P["Sigma_df"])
+            Sigma = P["Sigma_scale"] / (df - d - 1) if df > d + 1 else P["Sigma_scale"] / df
+            return (P["mu_mean"], np.sqrt(np.diag(P["mu_cov"]))), Sigma
+        mu = np.asarray(P["mu_draws"]).reshape(-1, P["mu_draws"].shape[-1])
+        S = np.asarray(P["Sigma_draws"]).reshape(-1, *P["Sigma_draws"].shape[-2:])
+        return (mu.mean(axis=0), mu.std(axis=0, ddof=1) if mu.shape[0] > 1 else np.full(mu.shape[1], np.nan)), S.mean(axis=0)
+
+    # ------------------------------------------------------------------ summary
+    def summary_tables(self, level) -> list:
+        """The missing-data section of :meth:`summary`: counts and the imputation model."""
+        base = list(self.info.get("summary_tables", []))
+        table = self.imputation_model()
+        keep = ["n_missing", "mu", "sd(mu)", "sd(d)"]
+        return base + [(f"Imputation model d ~ N(mu, Sigma): {self.n_incomplete} incomplete rows, "
+                        f"{int(table['n_missing'].sum())} missing cells", table[keep])]
+
+    def summary(self, level=None):
+        """statsmodels-style summary with the missing-data section and notes added."""
+        notes = list(self.info.get("summary_notes", []))
+        extra = self._imputation_notes()
+        self.info["summary_notes"] = notes + [x for x in extra if x not in notes]
+        try:
+            return super().summary(level)
+        finally:
+            if notes:
+                self.info["summary_notes"] = notes
+            else:
+                self.info.pop("summary_notes", None)
+
+    def _imputation_notes(self) -> list:
+        imp = self.info.get("imputation", {})
+        d = len(self._imp_cols)
+        Psi = np.asarray(imp.get("Psi", 0.01 * np.eye(d)))
+        psi_txt = (f"{Psi[0, 0]:g} I" if np.allclose(Psi, Psi[0, 0] * np.eye(d)) else "Psi (user matrix)")
+        counts = ", ".join(f"{name}: {int(k)}" for name, k in
+                           zip(self.imputation_columns, np.asarray(self.design.missing_mask)[:, self._imp_cols].sum(0))
+                           if k)
+        txt = [
+            f"Missing predictors imputed in the model (MCAR assumed): {self.n_incomplete} of {self.n_obs} "
+            f"rows incomplete; missing cells per column: {counts or 'none'}.",
+            "Imputation model on the standardized design columns "
+            f"({', '.join(self.imputation_columns)}): d_i ~ N(mu, Sigma), mu ~ N(0, {imp.get('sigma2_mu', 1e8):g} I), "
+            f"Sigma ~ IW({psi_txt}, {imp.get('nu', 3):g})"
+            + ("" if imp.get("prior_proper", True) else
+               f" (improper since nu <= d - 1 = {d - 1}; its normalizing constant is left out of the ELBO)")
+            + ". Transformed predictors are imputed on the transformed scale (the design column).",
+        ]
+        return txt
+
+    def __repr__(self):
+        return f"<vbsvm.ImputedFit {self.method} {self.design.formula!r} n={self.n_obs} incomplete={self.n_incomplete}>"
+
+    # ------------------------------------------------------------------ draws and ArviZ
+    def _imputation_rng(self):
+        seed = self.settings.get("seed")
+        if seed is None:
+            return np.random.default_rng()
+        return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
+
+    def _imputation_draws(self):
+        """Draws of ``x_missing`` (chain, draw, cell), ``mu`` (chain, draw, d) and ``Sigma``
+        (chain, draw, d, d): Gibbs draws, or iid draws from the VB q."""
+        P = self.posterior
+        if self.method == "gibbs":
+            return np.asarray(P["x_missing_draws"]), np.asarray(P["mu_draws"]), np.asarray(P["Sigma_draws"])
+        chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
+        rng = self._imputation_rng()
+        rows, _ = self._cells()
+        n_cells = rows.size
+        mean = np.asarray(P["x_missing_mean"], dtype=float)
+        x = np.empty((chains, draws, n_cells))
+        if n_cells:
+            rowcov = np.asarray(P["x_missing_rowcov"], dtype=float)
+            n_rows, dmax, _ = rowcov.shape
+            sizes = np.bincount(np.unique(rows, return_inverse=True)[1], minlength=n_rows)
+            used = np.arange(dmax)[None, :] < sizes[:, None]  # (n_rows, dmax)
+            padded = rowcov + np.einsum("ij,jk->ijk", (~used).astype(float), np.eye(dmax))
+            L = np.linalg.cholesky(padded)
+            z = rng.standard_normal((chains, draws, n_rows, dmax))
+            dev = np.einsum("rjk,csrk->csrj", L, z)
+            x[:] = mean + dev[:, :, used]
+        d = P["mu_mean"].size
+        Lmu = np.linalg.cholesky(P["mu_cov"])
+        mu = P["mu_mean"] + rng.standard_normal((chains, draws, d)) @ Lmu.T
+        Sigma = InverseWishart(P["Sigma_scale"], float(P["Sigma_df"])).sample(rng, size=(chains, draws))
+        return x, mu, Sigma
+
+    def _cell_labels(self):
+        rows, cols = self._cells()
+        labels = np.asarray(self.design.row_labels)[rows]
+        names = np.array(self.imputation_columns, dtype=object)[cols]
+        return [f"{r}, {c}" for r, c in zip(labels, names)], labels, names
+
+    def _posterior_dataset(self) -> xr.Dataset:
+        ds = super()._posterior_dataset()
+        x, mu, Sigma = self._imputation_draws()
+        cell_labels, labels, names = self._cell_labels()
+        imp = list(self.imputation_columns)
+        row_coord = labels if np.asarray(labels).dtype.kind in "iu" else np.asarray([str(v) for v in labels], dtype=object)
+        ds = ds.assign({
+            "x_missing": (("chain", "draw", "missing_cell"), x),
+            "mu": (("chain", "draw", "imp_col"), mu),
+            "Sigma": (("chain", "draw", "imp_col", "imp_col_bis"), Sigma),
+        })
+        return ds.assign_coords({
+            "missing_cell": np.asarray(cell_labels, dtype=object),
+            "missing_row": ("missing_cell", row_coord),
+            "missing_column": ("missing_cell", np.asarray(names, dtype=object)),
+            "imp_col": np.asarray(imp, dtype=object), "imp_col_bis": np.asarray(imp, dtype=object),
+        })
+
+    def to_arviz(self):
+        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
+
+        As :meth:`vbsvm.results.Fit.to_arviz`, with ``x_missing`` (dim ``missing_cell``, labelled
+        ``"<row>, <column>"`` with coordinates ``missing_row`` and ``missing_column``; original
+        scale of the design column), ``mu`` (dim ``imp_col``) and ``Sigma`` (dims ``imp_col``,
+        ``imp_col_bis``) in the posterior group. The root attribute ``vbsvm_fit_type`` is
+        ``"imputed"``.
+        """
+        dt = super().to_arviz()
+        dt.attrs["vbsvm_fit_type"] = FIT_TYPE
+        post = dt["posterior"]
+        attrs = dict(post.attrs)
+        attrs["imputation_model"] = ("d_i ~ N(mu, Sigma) on the non-intercept design columns; values on the "
+                                     "original scale of each design column (transformed predictors on the "
+                                     "transformed scale)")
+        if self.method == "vb":
+            attrs["q_imputation"] = ("x_missing: Gaussian per incomplete row (x_missing_mean, x_missing_rowcov); "
+                                     "mu ~ N(mu_mean, mu_cov); Sigma ~ IW(Sigma_scale, Sigma_df); see group 'vbsvm'")
+        post.attrs = attrs
+        return dt
+
+    def diagnostics(self) -> pd.DataFrame | None:
+        """R-hat, bulk/tail ESS and MCSE of every parameter, including ``x_missing``, ``mu``
+        and every entry of ``Sigma`` (Gibbs only)."""
+        if self.method != "gibbs":
+            return None
+        cached = getattr(self, "_diag_cache", None)
+        if cached is not None:
+            return cached.copy()
+        from arviz_stats import ess, mcse, rhat
+
+        post = self._posterior_dataset()
+        results = {"r_hat": rhat(post), "ess_bulk": ess(post, method="bulk"),
+                   "ess_tail": ess(post, method="tail"), "mcse_mean": mcse(post)}
+        names = []
+        cols = {k: [] for k in results}
+        for var in post.data_vars:
+            da = post[var]
+            extra = [dim for dim in da.dims if dim not in ("chain", "draw")]
+            if extra:
+                index = pd.MultiIndex.from_product([post[dim].values for dim in extra]) if len(extra) > 1 else None
+                if index is None:
+                    names.extend(f"{var}[{c}]" for c in da[extra[0]].values)
+                else:
+                    names.extend(f"{var}[{', '.join(str(x) for x in t)}]" for t in index)
+            else:
+                names.append(var)
+            for k, value in results.items():
+                v = value[var]
+                if extra:
+                    v = v.transpose(*extra)
+                cols[k].extend(np.atleast_1d(np.asarray(v.values)).ravel().tolist())
+        out = pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
+        object.__setattr__(self, "_diag_cache", out)
+        return out.copy()
+
+    # ------------------------------------------------------------------ prediction
+    def _new_rows(self, newdata):
+        """Dense design rows on the original scale, NaN where predictors are missing."""
+        X = self.design.new_X(newdata, allow_missing=True, standardized=False)
+        lay = self.layout
+        n = X.shape[0]
+        dense = np.zeros((n, lay.n_dense))
+        dense[:, : lay.p] = X
+        codes = self.design.new_group_codes(newdata) if lay.groups else []
+        sparse_codes = None
+        for g, c in zip(self.design.groups, codes):
+            levels, ix = lay.groups[g.name]
+            if g.name == lay.sparse_group:
+                sparse_codes = c
+            else:
+                seen = c >= 0
+                dense[np.flatnonzero(seen), ix[c[seen]]] = 1.0
+        return dense, sparse_codes
+
+    def _patterns(self, dense):
+        """Groups of rows of ``dense`` sharing a missingness pattern among the imputation columns."""
+        imp = self._imp_cols
+        nan = np.isnan(dense[:, imp])
+        rows = np.flatnonzero(nan.any(axis=1))
+        if rows.size == 0:
+            return []
+        uniq, inverse = np.unique(nan[rows], axis=0, return_inverse=True)
+        inverse = np.asarray(inverse).ravel()
+        return [(rows[inverse == k], np.flatnonzero(pat), np.flatnonzero(~pat)) for k, pat in enumerate(uniq)]
+
+    def predict_score(self, newdata):
+        """Mean and sd of the score ``f(x)`` for each row of ``newdata``.
+
+        Rows with missing predictors: the score is integrated over the conditional distribution
+        of the missing entries given the observed ones under the fitted imputation model
+        (Gibbs: exactly, as a mixture over the draws of ``(beta, mu, Sigma)``; VB: with
+        ``E_q[mu]`` and the precision ``E_q[Sigma^{-1}]``, the mean and variance of the score
+        being exact under q for that plug-in).
+        """
+        dense, sc = self._new_rows(newdata)
+        if self.method == "vb":
+            mean, var = self._vb_score(dense, sc)
+            sd = np.sqrt(np.maximum(var, 0.0))
+        else:
+            mean, sd, _ = self._score_draw_stats(dense, sc)
+        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+
+    def _vb_score(self, dense, sc):
+        P, lay = self.posterior, self.layout
+        imp = self._imp_cols
+        filled = dense.copy()
+        extra = np.zeros(dense.shape[0])
+        patterns = self._patterns(dense)
+        if patterns:
+            mu = P["mu_mean"]
+            Lam = float(P["Sigma_df"]) * _chol_inv(P["Sigma_scale"])  # E_q[Sigma^{-1}]
+            th = P["theta_mean"][: lay.n_dense]
+            cov = P["theta_cov_dense"]
+            for R, M, O in patterns:
+                LMM = Lam[np.ix_(M, M)]
+                V = _chol_inv(LMM)  # Var(x_M | x_O)
+                cond = np.broadcast_to(mu[M], (R.size, M.size)).copy()
+                if O.size:
+                    K = V @ Lam[np.ix_(M, O)]  # Lam_MM^{-1} Lam_MO
+                    cond -= (dense[np.ix_(R, imp[O])] - mu[O]) @ K.T
+                filled[np.ix_(R, imp[M])] = cond
+                bM = th[imp[M]]
+                extra[R] = bM @ V @ bM + np.sum(cov[np.ix_(imp[M], imp[M])] * V)
+        mean = filled @ P["theta_mean"][: lay.n_dense]
+        var = np.einsum("ij,ij->i", filled @ P["theta_cov_dense"], filled) + extra
+        if sc is not None:
+            seen = sc >= 0
+            s = sc[seen]
+            mean[seen] += P["theta_mean"][lay.n_dense:][s]
+            var[seen] += 2 * np.einsum("ij,ji->i", filled[seen], P["theta_cov_ds"][:, s])
+            var[seen] += P["theta_var"][lay.n_dense:][s]
+        return mean, var
+
+    def _score_draw_stats(self, dense, sc, chunk=512):
+        """Mean, sd and P(f > 0) of the score over the Gibbs draws, rows with missing entries
+        integrated over x_M | x_O per draw (a Gaussian mixture over the draws)."""
+        lay = self.layout
+        draws = self._theta_draws()
+        S = draws.shape[0]
+        mu = np.asarray(self.posterior["mu_draws"]).reshape(S, -1)
+        Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, mu.shape[1], mu.shape[1])
+        imp = self._imp_cols
+        n = dense.shape[0]
+        Fm = np.empty((S, n))  # per-draw conditional mean of the score
+        Fv = np.zeros((S, n))  # per-draw conditional variance (0 for complete rows)
+        clean = np.where(np.isnan(dense), 0.0, dense)
+        for start in range(0, n, 2048):
+            sl = slice(start, start + 2048)
+            Fm[:, sl] = draws[:, : lay.n_dense] @ clean[sl].T
+        for R, M, O in self._patterns(dense):
+            bM = draws[:, imp[M]]  # (S, m)
+            SMM = Sigma[:, M][:, :, M]
+            if O.size:
+                SOO = Sigma[:, O][:, :, O]
+                SOM = Sigma[:, O][:, :, M]
+                K = np.linalg.solve(SOO, SOM)  # (S, o, m)
+                V = SMM - np.einsum("som,sok->smk", SOM, K)
+            else:
+                V = SMM
+            Fv[:, R] = np.einsum("sm,smk,sk->s", bM, V, bM)[:, None]
+            for start in range(0, R.size, chunk):
+                rr = R[start: start + chunk]
+                cond = np.broadcast_to(mu[:, None, M], (S, rr.size, M.size))
+                if O.size:
+                    dev = dense[np.ix_(rr, imp[O])][None, :, :] - mu[:, None, O]  # (S, r, o)
+                    cond = cond + np.einsum("sro,som->srm", dev, K)
+                Fm[:, rr] += np.einsum("sm,srm->sr", bM, cond)
+        if sc is not None:
+            seen = np.flatnonzero(sc >= 0)
+            Fm[:, seen] += draws[:, lay.n_dense:][:, sc[seen]]
+        mean = Fm.mean(axis=0)
+        sd = np.sqrt(Fv.mean(axis=0) + (Fm.var(axis=0, ddof=1) if S > 1 else 0.0))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pos = np.where(Fv > 0, stats.norm.cdf(Fm / np.sqrt(Fv)), (Fm > 0).astype(float)).mean(axis=0)
+        return mean, sd, pos
