@@ -46,7 +46,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import digamma, gammaln
 
 from ..distributions import InverseGamma
 from . import hinge
@@ -290,10 +289,9 @@ class LinearSVMModel:
         mean, dcov = q["theta_mean"], q["theta_var"]
         value = hinge.elbo(self.y, q["mean_f"], q["var_f"], q["chi"])
         qv = q["variances"]
-        e_tau = self.prior_precision(qv.mean_inv()) if self.variance_components else self.prior_precision([])
-        e_log_tau = np.log(self.prior_precision(np.ones(len(self.variance_components))))
-        for c, mlog in zip(self.variance_components, -qv.mean_log()):
-            e_log_tau[c.index] = mlog
+        e_tau = self.prior_precision(np.atleast_1d(qv.mean_inv()))
+        # E[log tau_j]: log of the known precision, or E_q[log 1/sigma2_k] (geometric mean of tau)
+        e_log_tau = np.log(self.prior_precision(np.exp(-np.atleast_1d(qv.mean_log()))))
         value += float(np.sum(-0.5 * LOG_2PI + 0.5 * e_log_tau - 0.5 * e_tau * (mean ** 2 + dcov)))
         value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * q["theta"].logdet_cov()
         if self.variance_components:
