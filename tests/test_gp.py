@@ -254,3 +254,30 @@ def test_bad_arguments_raise_clear_errors():
         gpsvm("cls ~ a", df, kernel="cosine")
     with pytest.raises(InputError, match="n_inducing"):
         gpsvm("cls ~ a", df, n_inducing=0)
+
+
+def test_predictive_probability_is_the_gaussian_integral_of_the_probit():
+    rng = np.random.default_rng(0)
+    for m, v in [(0.7, 0.5), (-1.5, 3.0), (2.0, 0.01)]:
+        f = rng.normal(m, np.sqrt(v), 400_000)
+        mc = stats.norm.cdf(f).mean()
+        assert abs(predictive_prob(np.array([m]), np.array([v]))[0] - mc) < 3e-3
+    # the paper's eq. (13) as printed is a different (not scale-consistent) number
+    assert abs(predictive_prob(np.array([2.0]), np.array([3.0]), "paper")[0] - stats.norm.cdf(0.5)) < 1e-12
+
+
+def test_learn_mask_fixes_other_hyperparameters_and_kernels_via_formula():
+    df = _frame(150, seed=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        f = gpsvm("cls ~ a + b", df, n_inducing=15, seed=0, max_iter=600, lengthscale=0.7,
+                  learn=["rbf.lengthscale"])
+    h = f.hyperparameters
+    assert h.loc["rbf.variance", "value"] == pytest.approx(1.0)
+    assert h.loc["bias.variance", "value"] == pytest.approx(1.0)
+    assert h.loc["rbf.lengthscale", "value"] != pytest.approx(0.7)
+    for kern in ["matern32", "matern52", "ard", "rbf+linear"]:
+        g = gpsvm("cls ~ a + b", df, kernel=kern, method="vb", optimize=False)
+        assert np.mean(g.predict(df) == df["cls"]) > 0.8, kern
+    names = gpsvm("cls ~ a + b", df, kernel="ard", method="vb", optimize=False).hyperparameters.index
+    assert "rbf.lengthscale[a]" in names and "rbf.lengthscale[b]" in names

@@ -65,7 +65,8 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
            method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
            bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
            jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-           n_obs=None, feature_names=None, monitor_size=2000, _design=None, _formula=None):
+           n_obs=None, feature_names=None, monitor_size=2000, learn=None, _design=None,
+           _formula=None):
     """Fit the sparse-GP SVM on arrays (or a stream); see :func:`gpsvm` for the arguments.
 
     ``X`` may be a callable returning a fresh iterator over ``(X_chunk, y_chunk)`` arrays (then
@@ -112,11 +113,21 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
         if Z.ndim != 2 or Z.shape[1] != d:
             raise InputError(f"inducing must be 'kmeans', 'random' or an (m, {d}) array")
     blocks = InducingGP(k, Z, jitter=jitter)
+    mask = None
+    if learn is not None:
+        names = k.param_names()
+        unknown = [nm for nm in learn if nm not in names]
+        if unknown:
+            raise InputError(f"learn={list(learn)!r}: unknown hyperparameter(s) {unknown}; "
+                             f"choose from {names}")
+        mask = np.array([1.0 if nm in learn else 0.0 for nm in names])
     gibbs = None
     with _threads(blocks.m):
         if method == "vb":
-            st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-8,
-                           optimize=optimize, optimize_inducing=optimize_inducing)
+            st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
+                           tol=tol or (1e-4 if optimize else 1e-8),
+                           optimize=optimize, optimize_inducing=optimize_inducing,
+                           hyper_mask=mask)
         elif method == "svi":
             if streaming:
                 src = StreamBatches(X, n, batch_size or 100, rng)
@@ -124,15 +135,16 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             else:
                 src = ArrayBatches(X, y, batch_size or 100, rng)
                 mon = src.head(monitor_size)
-            st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-4,
+            st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-3,
                          optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
-                         optimize_inducing=optimize_inducing, monitor=mon)
+                         optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask)
         else:  # gibbs
             st = None
             if optimize:
                 # hyperparameters by VB (the sampler conditions on them), then sample
                 st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-6,
-                               optimize=True, optimize_inducing=optimize_inducing)
+                               optimize=True, optimize_inducing=optimize_inducing,
+                               hyper_mask=mask)
             t0 = time.perf_counter()
             v, lam = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains,
                                   thin=thin, seed=rng.integers(2**63), progress=progress)
@@ -162,7 +174,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
           bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-          n_obs=None, standardize=True, missing="drop"):
+          n_obs=None, standardize=True, missing="drop", learn=None):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
 
     Parameters
@@ -198,7 +210,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     bias : bool, float or None
         Constant kernel term for the intercept (default: when the formula has an intercept).
     max_iter, tol : int, float
-        Iteration cap and relative-ELBO tolerance (defaults: vb 500 / 1e-8; svi 20000 / 1e-4).
+        Iteration cap and relative-ELBO tolerance (defaults: vb 500 / 1e-8, 1e-4 per E/M cycle with optimize; svi 20000 / 1e-3).
     step : {"adaptive", "robbins-monro"} or float
         SVI step size.
     hyper_every, hyper_lr : int, float
@@ -210,6 +222,10 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         Same seed, same fit.
     n_obs : int, optional
         Number of rows of a streamed data source.
+    learn : list of str, optional
+        With ``optimize=True``, learn only these hyperparameters (names as in
+        ``fit.hyperparameters``, e.g. ``["rbf.lengthscale"]``); the others stay at their starting
+        values.
     standardize, missing : passed to the formula layer.
 
     Returns
@@ -244,7 +260,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
                  bias=bias, max_iter=max_iter, tol=tol, step=step, hyper_every=hyper_every,
                  hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
                  thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
-                 _design=design, _formula=formula)
+                 learn=learn, _design=design, _formula=formula)
     return fit
 
 

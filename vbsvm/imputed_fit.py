@@ -22,7 +22,6 @@ Gibbs: ``x_missing_draws``, ``mu_draws``, ``Sigma_draws``.
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd

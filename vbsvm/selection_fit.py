@@ -27,7 +27,7 @@ from scipy import stats
 
 from .exceptions import InputError
 from .results import Fit, _interval_names
-from .summary import build_summary, format_number, penalty_description
+from .summary import penalty_description
 
 __all__ = ["SelectionFit"]
 
@@ -282,21 +282,27 @@ class SelectionFit(Fit):
 
     # ------------------------------------------------------------------ summary
     def summary(self, level=None):
-        """statsmodels-style summary with the inclusion table (``as_text()``, ``as_html()``, ...)."""
-        level = self._level(level)
-        smry = build_summary(self, level)
-        _replace_header(smry, penalty_description(self.settings), self._prior_text())
+        """statsmodels-style summary with the prior and the inclusion table (``as_text()``, ...)."""
+        smry = super().summary(level)
+        _replace_cells(smry, {penalty_description(self.settings): self._prior_text(), "Penalty:": "Prior:"})
+        return smry
+
+    def summary_tables(self, level) -> list:
+        """Extra summary sections: the inclusion table and, for ``rho="auto"``, the ELBO curve."""
+        tables = list(super().summary_tables(level))
         inc = self.inclusion()
         cols = ["p_include", "p_positive", "mean_if_included", "sd_if_included", "median_model"]
-        smry.add_text(f"Inclusion probabilities ({len(self.selected)} of {len(inc)} terms in the median "
-                      "probability model, p_include > 0.5):")
-        smry.add_df(inc[cols].map(format_number), index=True)
+        tables.append((f"Inclusion ({len(self.selected)} of {len(inc)} terms in the median probability "
+                       "model, p_include > 0.5)", inc[cols]))
         if self.rho_curve is not None:
-            curve = self.rho_curve
-            smry.add_text("rho chosen by the ELBO on the grid: "
-                          + ", ".join(f"{r:g}: {e:.2f}{' *' if c else ''}"
-                                      for r, e, c in zip(curve["rho"], curve["elbo"], curve["chosen"])))
-        return smry
+            tables.append(("rho chosen by the ELBO of the VB fit on the grid", self.rho_curve.set_index("rho")))
+        return tables
+
+    def diagnostics(self):
+        """As :meth:`vbsvm.results.Fit.diagnostics`, including ``gamma[term]`` rows (R-hat is NaN
+        for an indicator that never changed)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return super().diagnostics()
 
     def _prior_text(self) -> str:
         s = self.settings
@@ -305,16 +311,18 @@ class SelectionFit(Fit):
                 f"sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})")
 
 
-def _replace_header(smry, old, new):
-    """Replace the penalty description in the header table of a statsmodels Summary."""
-    for table in smry.tables:
-        if isinstance(table, pd.DataFrame):
-            mask = table.map(lambda v: isinstance(v, str) and v.strip() == old)
-            if mask.values.any():
-                table[mask] = new
-                keys = table.map(lambda v: isinstance(v, str) and v.strip() == "Penalty:")
-                table[keys] = "Prior:"
-                return
+def _replace_cells(smry, mapping):
+    """Replace whole cell texts in the tables of a statsmodels Summary (header labels/values)."""
+    for table in getattr(smry, "tables", []):
+        try:
+            rows = list(table)
+        except TypeError:
+            continue
+        for row in rows:
+            for cell in row:
+                data = getattr(cell, "data", None)
+                if isinstance(data, str) and data.strip() in mapping:
+                    cell.data = mapping[data.strip()]
 
 
 def _mixture_quantile(g, m, s, probs):

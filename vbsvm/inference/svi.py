@@ -147,7 +147,8 @@ class ArrayBatches:
             yield self.X[idx], self.y[idx]
 
     def head(self, k):
-        idx = self.rng.choice(self.n, size=min(k, self.n), replace=False)
+        from vbsvm.models.gp import sample_rows
+        idx = np.sort(sample_rows(self.rng, self.n, k))
         return self.X[idx], self.y[idx]
 
 
@@ -217,7 +218,8 @@ def _solve_lower(L, B):
     return solve_triangular(L, B, lower=True, check_finite=False)
 
 
-def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, inducing=False):
+def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, inducing=False,
+                 mask=None):
     """Maximize the ELBO over log-hyperparameters (and Z) at fixed q(u) with L-BFGS; keep the
     result only if the ELBO went up.  Returns the q re-expressed in the new whitened frame."""
     from scipy.optimize import minimize
@@ -243,6 +245,8 @@ def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, indu
             return np.inf, np.zeros_like(x)
         if not np.isfinite(val):
             return np.inf, np.zeros_like(x)
+        if mask is not None:
+            g = g * mask
         grad = np.concatenate([g, gZ.ravel()]) if inducing else g
         return -val, -grad
 
@@ -263,12 +267,14 @@ def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, indu
 # ---------------------------------------------------------------------------------------------
 def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
               hyper_every=5, hyper_maxiter=10, optimize_inducing=False, q=None,
-              callback=None) -> FitState:
+              callback=None, hyper_mask=None) -> FitState:
     """Coordinate-ascent VB on all data: alternately the optimal q(lambda) and q(v).
 
-    With ``optimize=True`` every ``hyper_every`` sweeps an L-BFGS M-step maximizes the ELBO over
-    the kernel's log-hyperparameters (and inducing locations) at fixed q(u); it is accepted only if
-    the ELBO increases, so the ELBO trace is non-decreasing (tested).
+    With ``optimize=True`` an L-BFGS M-step maximizes the ELBO over the kernel's
+    log-hyperparameters (and inducing locations) at fixed q(u) after every ``hyper_every`` sweeps,
+    or earlier once the sweeps have converged; it is accepted only if the ELBO increases, so the
+    ELBO trace is non-decreasing (tested).  Convergence: relative ELBO change below ``tol``
+    between sweeps (``optimize=False``) or over a whole sweeps-plus-M-step cycle.
 
     Returns
     -------
@@ -282,26 +288,36 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
     converged = False
     A, kt = blocks.project(X)
     it = 0
+    since_m = 0
+    last_m = None  # ELBO right after the previous M-step
     for it in range(1, max_iter + 1):
         alpha, _ = blocks.local(A, kt, y, q)
         P, h = blocks.target(A, y, alpha)
         q = WhitenedGaussian(P, h)
         c, fbar = blocks.local(A, kt, y, q)
         elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
-        if optimize and it % hyper_every == 0:
-            q = _hyper_mstep(blocks, X, y, q, maxiter=hyper_maxiter, inducing=optimize_inducing)
+        since_m += 1
+        rel = (abs(elbos[-1] - elbos[-2]) / max(abs(elbos[-1]), 1e-12)
+               if len(elbos) >= 2 else np.inf)
+        if optimize and (since_m >= hyper_every or rel < tol):
+            # M-step after hyper_every sweeps, or earlier when the E-step has converged
+            q = _hyper_mstep(blocks, X, y, q, maxiter=hyper_maxiter, inducing=optimize_inducing,
+                             mask=hyper_mask)
             A, kt = blocks.project(X)
             c, fbar = blocks.local(A, kt, y, q)
             elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
+            since_m = 0
+            # converged when a whole E/M cycle changed the ELBO by less than tol
+            if last_m is not None and abs(elbos[-1] - last_m) / max(abs(elbos[-1]), 1e-12) < tol:
+                converged = True
+            last_m = elbos[-1]
+        elif not optimize and rel < tol:
+            converged = True
         thetas.append(blocks.kernel.theta)
         if callback is not None:
             callback(it, q, blocks)
-        if len(elbos) >= 3:
-            rel = abs(elbos[-1] - elbos[-2]) / max(abs(elbos[-1]), 1e-12)
-            rel2 = abs(elbos[-2] - elbos[-3]) / max(abs(elbos[-1]), 1e-12)
-            if rel < tol and (not optimize or rel2 < tol):
-                converged = True
-                break
+        if converged:
+            break
     if not converged:
         warnings.warn(f"batch VB did not reach tol={tol:g} in max_iter={max_iter} iterations; "
                       "increase max_iter or tol", ConvergenceWarning, stacklevel=3)
@@ -316,7 +332,7 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
 def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
             check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.05,
             hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
-            q=None, callback=None) -> FitState:
+            q=None, callback=None, hyper_mask=None) -> FitState:
     """Inducing-point SVI: natural-gradient steps on minibatches, optional Adam hyper steps.
 
     Parameters
@@ -337,6 +353,8 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     optimize : bool
         Alternate ``hyper_every`` variational steps with one Adam step (rate ``hyper_lr``) on the
         log-hyperparameters (Section 4.3, eq. 12), using the minibatch gradient at fixed q(u).
+    hyper_mask : array of 0/1 or None
+        Which log-hyperparameters to learn (others stay fixed); also for :func:`fit_batch`.
     hyper_warmup : int or None
         Variational steps before the first hyper step (default ``check_every``).
     optimize_inducing : bool
@@ -397,6 +415,8 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
         rhos.append(rho)
         if optimize and t >= hyper_warmup and t % hyper_every == 0:
             gth, gZ = blocks.hyper_grad(Xb, yb, q, scale=scale, inducing=optimize_inducing)
+            if hyper_mask is not None:
+                gth = gth * hyper_mask
             if np.all(np.isfinite(gth)):
                 L_old = blocks.L
                 th_old, Z_old = blocks.kernel.theta, blocks.Z.copy()

@@ -97,6 +97,7 @@ import warnings
 
 import numpy as np
 from scipy import linalg as sla
+from scipy.linalg.lapack import dtrtri as _dtrtri
 from scipy.special import ndtr
 
 try:  # the shared exception module (lead's)
@@ -526,7 +527,19 @@ def make_kernel(kernel="rbf", n_features: int = 1, *, lengthscale=None, variance
 # ---------------------------------------------------------------------------------------------
 # Inducing points and linear algebra
 # ---------------------------------------------------------------------------------------------
-def select_inducing(X, m: int, method: str = "kmeans", rng=None, max_rows: int = 20000):
+def sample_rows(rng, n: int, k: int) -> np.ndarray:
+    """``k`` distinct row indices out of ``n`` in O(k) memory (``Generator.choice`` without
+    replacement permutes all ``n`` indices, which would make memory grow with n)."""
+    k = min(k, n)
+    if 20 * k >= n:
+        return rng.choice(n, size=k, replace=False)
+    idx = np.unique(rng.integers(0, n, size=int(1.2 * k) + 16))
+    while idx.size < k:
+        idx = np.unique(np.concatenate([idx, rng.integers(0, n, size=k)]))
+    return rng.permutation(idx)[:k]
+
+
+def select_inducing(X, m: int, method: str = "kmeans", rng=None, max_rows: int | None = None):
     """Choose ``m`` inducing locations.
 
     Parameters
@@ -535,7 +548,8 @@ def select_inducing(X, m: int, method: str = "kmeans", rng=None, max_rows: int =
     m : int
     method : {"kmeans", "random", "data"}
         ``"kmeans"``: k-means with k-means++ seeding (:func:`scipy.cluster.vq.kmeans2`) on at most
-        ``max_rows`` randomly chosen rows; ``"random"``: a random subset of distinct rows;
+        ``max_rows`` randomly chosen rows (default ``max(2000, 20 m)``: scipy's ++ seeding costs
+        O(rows * m) per centre); ``"random"``: a random subset of distinct rows;
         ``"data"``: all rows (``m`` is ignored; the full GP).
     rng : numpy.random.Generator or int or None
 
@@ -556,11 +570,12 @@ def select_inducing(X, m: int, method: str = "kmeans", rng=None, max_rows: int =
         Z = np.unique(X, axis=0)
         return Z[:m]
     if method == "random":
-        U = np.unique(X[rng.choice(n, size=min(n, 4 * m), replace=False)], axis=0)
+        U = np.unique(X[sample_rows(rng, n, 4 * m)], axis=0)
         if U.shape[0] < m:
             U = np.unique(X, axis=0)
         return U[rng.choice(U.shape[0], size=min(m, U.shape[0]), replace=False)]
-    sub = X if n <= max_rows else X[rng.choice(n, size=max_rows, replace=False)]
+    max_rows = max(2000, 20 * m) if max_rows is None else max_rows
+    sub = X if n <= max_rows else X[np.sort(sample_rows(rng, n, max_rows))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "one of the clusters is empty" is handled below
         Z, _ = kmeans2(sub, m, minit="++", iter=20, seed=rng)
@@ -596,6 +611,14 @@ def robust_cholesky(M, jitter: float = 1e-8, max_tries: int = 8):
         f"matrix is not positive definite even with jitter {j:.3g}; check for NaN/inf inputs")
 
 
+def _tri_inv(L):
+    """Inverse of a lower-triangular matrix (LAPACK dtrtri)."""
+    Li, info = _dtrtri(np.asarray(L, order="F"), lower=1)
+    if info != 0:
+        raise np.linalg.LinAlgError(f"triangular inverse failed (info={info})")
+    return Li
+
+
 def _tri_solve(L, B, trans=False):
     return sla.solve_triangular(L, B, lower=True, trans=1 if trans else 0, check_finite=False)
 
@@ -613,6 +636,7 @@ class WhitenedGaussian:
         self.prec = np.asarray(prec, dtype=float)
         self.shift = np.asarray(shift, dtype=float)
         self._R = None
+        self._Ri = None
         self._mean = None
 
     @classmethod
@@ -626,23 +650,32 @@ class WhitenedGaussian:
     def chol(self):
         if self._R is None:
             self._R, _ = robust_cholesky(0.5 * (self.prec + self.prec.T), 1e-10)
+            self._Ri = _tri_inv(self._R)
+            if not np.all(np.isfinite(self._Ri)):
+                raise np.linalg.LinAlgError("precision of q(v) is numerically singular")
         return self._R
+
+    @property
+    def chol_inv(self):
+        """R^{-1} for the lower Cholesky factor R of the precision (Cov = R^{-T} R^{-1})."""
+        self.chol
+        return self._Ri
 
     @property
     def mean(self):
         if self._mean is None:
-            R = self.chol
-            self._mean = _tri_solve(R, _tri_solve(R, self.shift), trans=True)
+            Ri = self.chol_inv
+            self._mean = Ri.T @ (Ri @ self.shift)
         return self._mean
 
     def cov(self):
-        Ri = _tri_solve(self.chol, np.eye(self.prec.shape[0]))
+        Ri = self.chol_inv
         return Ri.T @ Ri
 
     def quad_diag(self, A):
         """diag(A Cov A^T) for rows of A."""
-        T = _tri_solve(self.chol, A.T)
-        return np.einsum("ij,ij->j", T, T)
+        T = A @ self.chol_inv.T
+        return np.einsum("ij,ij->i", T, T)
 
     def logdet_cov(self):
         return -2.0 * np.sum(np.log(np.diag(self.chol)))
@@ -650,7 +683,7 @@ class WhitenedGaussian:
     def kl_to_std(self):
         """KL(q(v) || N(0, I)) (equal to KL(q(u) || N(0, K_mm)))."""
         m = self.prec.shape[0]
-        Ri = _tri_solve(self.chol, np.eye(m))
+        Ri = self.chol_inv
         tr = np.sum(Ri * Ri)
         mu = self.mean
         return 0.5 * (tr + mu @ mu - m - self.logdet_cov())
@@ -688,13 +721,14 @@ class InducingGP:
         """Recompute K_mm and its Cholesky factor (after a hyperparameter change)."""
         Kmm = self.kernel(self.Z)
         self.L, self.jitter_used = robust_cholesky(Kmm, self.jitter)
+        self.Linv = _tri_inv(self.L)
         return self
 
     def project(self, X):
         """A = K(X, Z) L^{-T} and the residual variances k~ = diag(K_nn - Q_nn) (clipped at 0)."""
         X = np.asarray(X, dtype=float)
         Kxm = self.kernel(X, self.Z)
-        A = _tri_solve(self.L, Kxm.T).T
+        A = Kxm @ self.Linv.T
         kt = self.kernel.diag(X) - np.einsum("ij,ij->i", A, A)
         np.maximum(kt, 0.0, out=kt)
         return A, kt

@@ -87,12 +87,9 @@ so that :math:`(A + w_iB)^{-1} = V\mathrm{diag}\{1/(1 + w_i\lambda)\}V^T` with
 from __future__ import annotations
 
 import numbers
-import time
-import warnings
 
 import numpy as np
-import scipy.linalg
-from scipy.special import digamma, multigammaln
+from scipy.special import multigammaln
 
 from ..distributions import Gaussian, InverseWishart
 from ..exceptions import InputError, InputTypeError
@@ -113,10 +110,10 @@ DEFAULT_NU = 3.0
 
 # --------------------------------------------------------------------------- small algebra
 def _chol_inv(A):
-    """Inverse of a symmetric positive definite matrix through its Cholesky factor."""
-    c = scipy.linalg.cho_factor(A, lower=True)
-    inv = scipy.linalg.cho_solve(c, np.eye(A.shape[0]))
-    return 0.5 * (inv + inv.T)
+    """Inverse of a symmetric positive definite matrix through its Cholesky factor
+    (numpy's LAPACK, like the linear model's hot loop)."""
+    Linv = np.linalg.solve(np.linalg.cholesky(A), np.eye(A.shape[0]))
+    return Linv.T @ Linv
 
 
 def _logdet_pd(A) -> float:
@@ -160,7 +157,7 @@ def _pattern_factor(A, B):
     logdet_A : float
     """
     L = np.linalg.cholesky(A)
-    Linv = scipy.linalg.solve_triangular(L, np.eye(A.shape[0]), lower=True)
+    Linv = np.linalg.solve(L, np.eye(A.shape[0]))
     K = Linv @ B @ Linv.T
     lam, U = np.linalg.eigh(0.5 * (K + K.T))
     lam = np.maximum(lam, 0.0)
@@ -219,9 +216,7 @@ class _ImputedCoefficientPosterior(CoefficientPosterior):
             br = np.zeros(0)
             S, h = A, bd
         self.L = np.linalg.cholesky(S)
-        self.Linv, status = scipy.linalg.lapack.dtrtri(self.L, lower=1)
-        if status != 0:
-            raise np.linalg.LinAlgError("singular Cholesky factor of the coefficient precision")
+        self.Linv = np.linalg.solve(self.L, np.eye(qd))
         self.D, self.GD, self.br = D, GD, br
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
         self.mean_sparse = br / D - GD @ self.mean_dense if model.m_sparse else np.zeros(0)
@@ -591,13 +586,25 @@ def check_imputable(design):
     names = list(design.column_names)
     raw = design.raw
     predictors = [c for c in raw.columns if c != design.response and c not in {g.name for g in design.groups}]
-    explained = np.zeros(mask.shape[0], dtype=bool)
-    for v in predictors:
+    incomplete = [v for v in predictors if raw[v].isna().any()]
+    explained = np.zeros(mask.shape, dtype=bool)
+    if incomplete:
+        # Which design columns does each incomplete variable feed? Probe the formula with one row
+        # per variable: every predictor at an observed value, that variable missing.
+        complete = np.flatnonzero(~mask.any(axis=1))
+        probe = raw[predictors].iloc[[complete[0] if complete.size else 0] * len(incomplete)].copy()
+        probe = probe.reset_index(drop=True)
+        if not complete.size:
+            for c in predictors:
+                probe[c] = raw[c].dropna().iloc[0]
+        for k, v in enumerate(incomplete):
+            probe.loc[k, v] = np.nan
+        with np.errstate(all="ignore"):
+            depends = np.isnan(design.new_X(probe, allow_missing=True, standardized=False))
+    for k, v in enumerate(incomplete):
         na = raw[v].isna().to_numpy()
-        if not na.any():
-            continue
-        explained |= na
-        cols = np.flatnonzero(mask[na].any(axis=0))
+        cols = np.flatnonzero(depends[k])
+        explained[np.ix_(na, cols)] = True
         if cols.size > 1:
             raise InputError(
                 f"predictor {v!r} has {int(na.sum())} missing value(s) and enters the design through "
@@ -606,7 +613,7 @@ def check_imputable(design):
                 f"formula through exactly one numeric term. Keep one term of {v!r} (or impute {v!r} "
                 "before fitting, or use missing='drop')."
             )
-    unexplained = mask & ~explained[:, None]
+    unexplained = mask & ~explained
     if unexplained.any():
         bad = [names[j] for j in np.flatnonzero(unexplained.any(axis=0))]
         raise InputError(

@@ -1,0 +1,258 @@
+"""vbsvm.compare: the accuracy score on known densities, the comparison table, predictions, plots."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+import vbsvm
+from vbsvm.compare import Comparison, accuracy, compare, kde_on_grid
+from vbsvm.exceptions import DiagnosticWarning, InputError, InputTypeError
+
+
+def exact_normal_accuracy(delta):
+    """100 (1 - TV(N(0,1), N(delta,1))) = 200 (1 - Phi(|delta|/2))."""
+    return 200.0 * (1.0 - stats.norm.cdf(abs(delta) / 2.0))
+
+
+# ------------------------------------------------------------------------------ accuracy score
+@pytest.mark.parametrize("delta", [0.0, 0.3, 1.0, 2.5, 8.0])
+def test_accuracy_of_two_normals_closed_form(delta):
+    got = accuracy(stats.norm(0, 1), stats.norm(delta, 1))
+    assert got == pytest.approx(exact_normal_accuracy(delta), abs=1e-3)
+
+
+def test_accuracy_unequal_scales_closed_form():
+    # N(0,1) vs N(0,2): densities cross at +-x0, x0^2 = 8 log 2 / 3; TV = 2 (Phi(x0) - Phi(x0/2))
+    x0 = np.sqrt(8 * np.log(2) / 3)
+    tv = 2 * (stats.norm.cdf(x0) - stats.norm.cdf(x0 / 2))
+    assert accuracy(stats.norm(0, 1), stats.norm(0, 2)) == pytest.approx(100 * (1 - tv), abs=1e-3)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, 3.0])
+def test_accuracy_against_draws_uses_a_kde(delta):
+    rng = np.random.default_rng(5)
+    draws = rng.normal(delta, 1.0, 40_000)
+    got = accuracy(stats.norm(0, 1), draws)
+    # KDE smoothing and Monte Carlo error cost about a point near 100%
+    assert got == pytest.approx(exact_normal_accuracy(delta), abs=1.5)
+    assert accuracy(draws, stats.norm(0, 1)) == pytest.approx(got, abs=1e-6)   # symmetric
+
+
+def test_accuracy_reflects_at_a_lower_bound():
+    rng = np.random.default_rng(2)
+    dist = stats.expon(scale=0.5)                # a positive parameter with its mode at the bound
+    draws = dist.rvs(40_000, random_state=rng)
+    with_reflection = accuracy(dist, draws, lower=0.0)
+    assert with_reflection > 97
+    assert with_reflection > accuracy(dist, draws) + 1.0   # leaking KDE mass below 0 costs accuracy
+
+
+def test_accuracy_spike_at_zero():
+    rng = np.random.default_rng(3)
+    slab = rng.normal(1.0, 0.3, 30_000)
+    spiky = np.where(rng.random(30_000) < 0.4, 0.0, slab)
+    assert accuracy(spiky, spiky.copy()) > 99
+    # 40% point mass against a continuous density: at most 60% overlap
+    assert accuracy(spiky, stats.norm(1.0, 0.3)) == pytest.approx(60, abs=1.5)
+
+
+def test_kde_on_grid_integrates_to_one_and_matches_scipy():
+    rng = np.random.default_rng(0)
+    x = rng.gamma(3.0, 1.0, 5000)
+    grid = np.linspace(-2, 15, 4001)
+    h = 0.3
+    dens = kde_on_grid(x, grid, bandwidth=h)
+    assert np.trapezoid(dens, grid) == pytest.approx(1.0, abs=1e-3)
+    ref = stats.gaussian_kde(x, bw_method=h / x.std(ddof=1))(grid)
+    assert np.max(np.abs(dens - ref)) < 2e-3
+
+
+def test_accuracy_rejects_bad_draws():
+    with pytest.raises(InputError, match="draws"):
+        accuracy([1.0], stats.norm())
+    with pytest.raises(InputError, match="draws"):
+        accuracy([1.0, np.nan, 2.0], stats.norm())
+
+
+# ------------------------------------------------------------------------------ fits
+@pytest.fixture(scope="module")
+def sim():
+    return vbsvm.datasets.simulate_luts(150, 3, seed=11)
+
+
+@pytest.fixture(scope="module")
+def pair(sim):
+    vb = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, seed=1, chains=2, draws=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        gibbs = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, method="gibbs", chains=2, draws=1500, tune=300,
+                          seed=1, progress=False)
+    return vb, gibbs
+
+
+@pytest.fixture(scope="module")
+def cmp(pair):
+    return compare(*pair)
+
+
+def test_table_columns_and_values(cmp, pair):
+    vb, gibbs = pair
+    tab = cmp.table()
+    assert cmp.reference == "gibbs" and list(cmp.fits) == ["vb", "gibbs"]
+    assert list(tab.index) == ["beta[Intercept]", "beta[x1]", "beta[x2]", "beta[x3]", "sigma2_u"]
+    assert list(tab.columns) == ["vb_mean", "vb_sd", "gibbs_mean", "gibbs_sd", "vb_diff_sd", "vb_sd_ratio",
+                                 "vb_sd_lr", "vb_sd_lr_ratio", "vb_accuracy"]
+    beta = tab.iloc[:4]
+    np.testing.assert_allclose(beta["vb_mean"], vb.coef["mean"])
+    np.testing.assert_allclose(beta["vb_sd"], vb.coef["sd"])
+    np.testing.assert_allclose(beta["gibbs_mean"], gibbs.coef["mean"])
+    np.testing.assert_allclose(beta["gibbs_sd"], gibbs.coef["sd"])
+    np.testing.assert_allclose(tab.loc["sigma2_u", ["vb_mean", "gibbs_mean"]],
+                               [vb.varcomp().loc["sigma2_u", "mean"], gibbs.varcomp().loc["sigma2_u", "mean"]])
+    np.testing.assert_allclose(beta["vb_diff_sd"], (vb.coef["mean"] - gibbs.coef["mean"]) / gibbs.coef["sd"])
+    np.testing.assert_allclose(beta["vb_sd_ratio"], vb.coef["sd"] / gibbs.coef["sd"])
+    assert np.isnan(tab.loc["sigma2_u", "vb_sd_lr"])
+    # every parameter gets an accuracy; mean-field VB here: sds ~half, so clearly below 100
+    acc = tab["vb_accuracy"]
+    assert acc.notna().all() and (acc > 20).all() and (acc[:4] < 90).all()
+    # the accuracy column is the accuracy() of the closed-form q against the Gibbs draws
+    draws = gibbs.to_arviz()["posterior"]["beta"].sel(coef="x1").values.ravel()
+    q = stats.norm(vb.coef.loc["x1", "mean"], vb.coef.loc["x1", "sd"])
+    assert tab.loc["beta[x1]", "vb_accuracy"] == pytest.approx(accuracy(q, draws), abs=1e-9)
+
+
+def test_table_without_lr_and_with_ranef():
+    df = vbsvm.datasets.simulate_grouped(15, 5, seed=2)
+    f = "y ~ time + (1 | group)"
+    vb = vbsvm.svm(f, data=df, chains=1, draws=400)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        gibbs = vbsvm.svm(f, data=df, method="gibbs", chains=1, draws=400, tune=100, progress=False, seed=2)
+    tab = compare(vb, gibbs).table(ranef=True, lr=False)
+    assert "vb_sd_lr" not in tab.columns
+    assert [p for p in tab.index if p.startswith("b_group[")] == [f"b_group[{g}]" for g in vb.ranef()["group"].index]
+    assert {"sigma2_u", "sigma2_group"} <= set(tab.index)
+    np.testing.assert_allclose(tab.loc[[f"b_group[{g}]" for g in vb.ranef()["group"].index], "vb_mean"],
+                               vb.ranef()["group"]["mean"])
+
+
+def test_predictions_agreement(cmp, pair, sim):
+    pred = cmp.predictions()
+    assert list(pred.index) == ["vb", "gibbs"]
+    assert pred.loc["gibbs", "agreement"] == 1 and pred.loc["gibbs", "mean_abs_diff_prob"] == 0
+    vb, gibbs = pair
+    same = (vb.predict(sim) == gibbs.predict(sim)).mean()
+    assert pred.loc["vb", "agreement"] == pytest.approx(same)
+    dprob = np.abs(vb.predict(sim, kind="prob") - gibbs.predict(sim, kind="prob"))
+    assert pred.loc["vb", "mean_abs_diff_prob"] == pytest.approx(dprob.mean())
+    assert pred.loc["vb", "max_abs_diff_prob"] == pytest.approx(dprob.max())
+    assert pred.loc["vb", "accuracy_train"] == pytest.approx((vb.predict(sim) == sim["y"]).mean())
+    assert pred.loc["vb", "agreement"] > 0.9
+
+
+def test_map_fit_in_a_comparison(pair, sim):
+    vb, gibbs = pair
+    mode = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, method="map", penalty=0.5)
+    c = compare(vb, gibbs, mode)
+    tab = c.table(lr=False)
+    assert np.isnan(tab["map_accuracy"]).all() and np.isnan(tab["map_sd"]).all()
+    np.testing.assert_allclose(tab["map_mean"].iloc[:4], mode.coef["mean"])
+    assert np.isnan(c.predictions().loc["map", "mean_abs_diff_prob"])
+
+
+def test_names_and_reference(pair):
+    vb, gibbs = pair
+    c = compare(gibbs, vb, names=["mcmc", "mfvb"])
+    assert c.reference == "mcmc"
+    assert "mfvb_accuracy" in c.table(lr=False).columns
+    assert compare(vb, gibbs, reference="vb").reference == "vb"
+    assert compare(vb, gibbs, reference=1).reference == "gibbs"
+    assert list(compare(vb, vb).fits) == ["vb", "vb_2"]
+    assert compare([vb, gibbs]).reference == "gibbs"
+    with pytest.raises(InputError, match="at least two"):
+        compare(vb)
+    with pytest.raises(InputError, match="one name per fit"):
+        compare(vb, gibbs, names=["a"])
+    with pytest.raises(InputError, match="distinct"):
+        compare(vb, gibbs, names=["a", "a"])
+    with pytest.raises(InputError, match="reference"):
+        compare(vb, gibbs, reference="exact")
+    with pytest.raises(InputTypeError, match="not a vbsvm fit"):
+        compare(vb, vb.coef)
+
+
+def test_vb_draws_take_the_reference_shape(pair):
+    vb, gibbs = pair   # vb stores 2 x 300 draws, gibbs 2 x 1500
+    trees = compare(vb, gibbs)._trees()
+    assert trees["vb"]["posterior"]["beta"].shape == trees["gibbs"]["posterior"]["beta"].shape == (2, 1500, 4)
+    assert vb.to_arviz()["posterior"]["beta"].shape == (2, 300, 4)   # the fit itself is untouched
+
+
+def test_plots_render_to_png(cmp, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    for kind in ("forest", "density"):
+        path = tmp_path / f"{kind}.png"
+        cmp.plot(kind).savefig(path)
+        assert path.stat().st_size > 10_000
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(InputError, match="Laplace-zero"):
+        cmp.plot("inclusion")
+    with pytest.raises(InputError, match="kind"):
+        cmp.plot("violin")
+
+
+def test_text_output(cmp):
+    text = cmp.to_text()
+    assert "reference: gibbs" in text and "vb_accuracy" in text and "agreement" in text
+    assert str(cmp) == text
+    assert isinstance(cmp, Comparison) and "gibbs" in repr(cmp)
+
+
+def test_comparison_of_saved_fits_is_the_same(pair, tmp_path):
+    vb, gibbs = pair
+    vb.save(tmp_path / "vb.nc")
+    gibbs.save(tmp_path / "gibbs.nc")
+    again = compare(vbsvm.load(tmp_path / "vb.nc"), vbsvm.load(tmp_path / "gibbs.nc"))
+    pd.testing.assert_frame_equal(again.table(lr=False), compare(vb, gibbs).table(lr=False))
+    pd.testing.assert_frame_equal(again.predictions(), compare(vb, gibbs).predictions())
+
+
+@pytest.mark.xfail(strict=True, reason="design.raw stores the predictor columns sorted, so a fit of "
+                   "'y ~ .' reloaded by vbsvm.load expands '.' in another order than the saved "
+                   "coefficients (vbsvm/design.py build_design: needed_vars = sorted(...)); remove this "
+                   "marker when fixed")
+def test_dot_formula_round_trip_predicts_the_same(tmp_path):
+    df = vbsvm.datasets.simulate_luts(100, 12, seed=1)
+    fit = vbsvm.svm("y ~ .", data=df)
+    fit.save(tmp_path / "dot.nc")
+    back = vbsvm.load(tmp_path / "dot.nc")
+    pd.testing.assert_series_equal(back.predict(df, kind="prob"), fit.predict(df, kind="prob"))
+
+
+def test_laplace_zero_inclusion_side_by_side(sim, tmp_path):
+    LaplaceZero = getattr(vbsvm, "LaplaceZero", None)
+    if LaplaceZero is None:
+        pytest.skip("vbsvm.LaplaceZero is not exported yet")
+    f = "y ~ x1 + x2 + x3"
+    prior = LaplaceZero(rho=0.3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vb = vbsvm.svm(f, data=sim, prior=prior, chains=2, draws=500)
+        gibbs = vbsvm.svm(f, data=sim, prior=prior, method="gibbs", chains=2, draws=500, tune=200,
+                          progress=False, seed=1)
+    c = compare(vb, gibbs)
+    tab = c.table(lr=False)
+    for name, fit in (("vb", vb), ("gibbs", gibbs)):
+        inc = fit.inclusion()["p_include"]
+        np.testing.assert_allclose(tab.loc[[f"beta[{t}]" for t in inc.index], f"{name}_p_include"], inc)
+    assert tab["vb_accuracy"].notna().all()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    c.plot("inclusion").savefig(tmp_path / "inc.png")
+    assert (tmp_path / "inc.png").stat().st_size > 5_000

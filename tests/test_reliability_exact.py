@@ -1,0 +1,331 @@
+"""(a) Exact-posterior checks of every Gibbs sampler.
+
+The SVM pseudo-likelihood ``exp(-2 sum_i (1 - y_i f_i)_+)`` times the prior is a normalisable
+density in the parameters, so for one, two or three free coordinates its marginals can be computed
+by quadrature (variances integrated out analytically where they are conjugate, Laplace slab by a
+one-dimensional integral, the imputation model by a one-dimensional integral over its variance).
+The Gibbs draws (augmented samplers from the package) must match those marginals: one-sample KS
+tests whose sample size is the effective sample size of the draws, threshold ``p > 1e-3``.
+
+The normal suite runs one fixed seed per model; ``-m slow`` runs five seeds with four times the
+draws (the p-values are printed with ``-s``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import special, stats
+from scipy.integrate import cumulative_trapezoid
+
+import vbsvm
+from vbsvm.exceptions import DiagnosticWarning
+from test_reliability_helpers import (ess, grid_cdf, hinge_sum, ks_1samp_ess,
+                                      mixture_cdf)
+from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.usefixtures("one_blas_thread")
+
+P_MIN = 1e-3
+FAST = [pytest.param(11, 1, id="fast")]
+SLOW = [pytest.param(s, 4, id=f"slow-seed{s}", marks=pytest.mark.slow) for s in (21, 22, 23, 24, 25)]
+SEEDS = FAST + SLOW
+
+
+def _gibbs(formula, df, *, scale, seed, **kw):
+    """Gibbs fit through the public API (draws scaled by ``scale``)."""
+    base = dict(method="gibbs", standardize=False, draws=1500 * scale, tune=300, chains=2, thin=3,
+                seed=seed, progress=False)
+    base.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        return vbsvm.svm(formula, data=df, **base)
+
+
+def _data(seed, n=30, p=1, intercept=0.3, beta=1.5):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, p))
+    eta = intercept + X @ np.full(p, beta / np.sqrt(p))
+    y = np.where(rng.random(n) < special.expit(eta), 1, -1)
+    df = pd.DataFrame(X, columns=[f"x{j + 1}" for j in range(p)])
+    df.insert(0, "y", y)
+    return df
+
+
+def _report(name, pvals):
+    print(f"[exact] {name}: " + ", ".join(f"{k} p={v:.3g}" for k, v in pvals.items()))
+
+
+def _ig_mixture_cdf(shape, B, r2, weights, bins=400):
+    """CDF of sigma2 | y = sum over grid points of w * IG(shape, B + r2 / 2), with the grid
+    points binned by r2 (quantile bins of the posterior weight) to keep the mixture small."""
+    w = weights / weights.sum()
+    order = np.argsort(r2)
+    cw = np.cumsum(w[order])
+    idx = np.empty(r2.size, dtype=int)
+    idx[order] = np.minimum((cw * bins).astype(int), bins - 1)
+    wb = np.bincount(idx, weights=w, minlength=bins)
+    rb = np.bincount(idx, weights=w * r2, minlength=bins) / np.maximum(wb, 1e-300)
+    keep = wb > 0
+    comp = lambda s: stats.invgamma.cdf(s[:, None], shape, scale=B + rb[keep][None, :] / 2)
+    return mixture_cdf(comp, wb[keep])
+
+
+# ------------------------------------------------------------------------------- linear
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_one_coefficient_fixed_penalty(seed, scale):
+    df = _data(seed, n=25)
+    alpha = 0.7
+    fit = _gibbs("y ~ x1 - 1", df, scale=scale, seed=seed, penalty=alpha)
+    d = fit.posterior["theta_draws"][..., 0]
+    y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
+    grid = np.linspace(-4, 8, 12001)
+    cdf = grid_cdf(grid, -2 * hinge_sum(y, np.outer(x, grid)) - 2 * alpha * grid ** 2)
+    p = ks_1samp_ess(d, cdf)
+    _report("1 coef, fixed penalty", {"beta": p})
+    assert p > P_MIN
+
+
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_two_penalized_coefficients_penalty_inferred(seed, scale):
+    """sigma2_u ~ IG(A, B) integrated out: p(b | y) ~ exp(-2 sum hinge) (B + |b|^2/2)^-(A+1).
+    sigma2_u | y is the mixture over the grid of IG(A + 1, B + |b|^2/2)."""
+    df = _data(seed, n=30, p=2)
+    A, B = 1.5, 1.0
+    fit = _gibbs("y ~ x1 + x2 - 1", df, scale=scale, seed=seed, penalty="auto", A_u=A, B_u=B)
+    th = fit.posterior["theta_draws"]
+    s2 = fit.posterior["sigma2_draws"][..., 0]
+    y, X = df["y"].to_numpy(float), df[["x1", "x2"]].to_numpy()
+    g = np.linspace(-6, 9, 601)
+    B1, B2 = np.meshgrid(g, g, indexing="ij")
+    F = X @ np.vstack([B1.ravel(), B2.ravel()])
+    r2 = B1.ravel() ** 2 + B2.ravel() ** 2
+    logd = (-2 * hinge_sum(y, F) - (A + 1) * np.log(B + r2 / 2)).reshape(B1.shape)
+    joint = np.exp(logd - logd.max())
+    pv = {"b1": ks_1samp_ess(th[..., 0], grid_cdf(g, np.log(joint.sum(1)))),
+          "b2": ks_1samp_ess(th[..., 1], grid_cdf(g, np.log(joint.sum(0))))}
+    pv["sigma2_u"] = ks_1samp_ess(s2, _ig_mixture_cdf(A + 1, B, r2, joint.ravel()))
+    _report("2 penalized coefs, penalty inferred", pv)
+    assert min(pv.values()) > P_MIN, pv
+
+
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_intercept_and_penalized_coefficient_penalty_inferred(seed, scale):
+    """Vague N(0, 1e8) intercept (never penalized) + one penalized slope, sigma2_u integrated."""
+    df = _data(seed, n=30, intercept=0.8)
+    A, B = 1.0, 1.0
+    fit = _gibbs("y ~ x1", df, scale=scale, seed=seed, penalty="auto", A_u=A, B_u=B)
+    th = fit.posterior["theta_draws"]
+    y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
+    b0 = np.linspace(-4, 5, 451)
+    b1 = np.linspace(-4, 9, 651)
+    G0, G1 = np.meshgrid(b0, b1, indexing="ij")
+    F = np.outer(x, G1.ravel()) + G0.ravel()
+    logd = (-2 * hinge_sum(y, F) - G0.ravel() ** 2 / 2e8
+            - (A + 0.5) * np.log(B + G1.ravel() ** 2 / 2)).reshape(G0.shape)
+    joint = np.exp(logd - logd.max())
+    pv = {"intercept": ks_1samp_ess(th[..., 0], grid_cdf(b0, np.log(joint.sum(1)))),
+          "slope": ks_1samp_ess(th[..., 1], grid_cdf(b1, np.log(joint.sum(0))))}
+    _report("intercept + penalized slope", pv)
+    assert min(pv.values()) > P_MIN, pv
+
+
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_random_intercept_two_groups_exact(seed, scale):
+    """y ~ 1 + (1 | g) with two levels: (b0, u1, u2) on a 3-d grid, sigma2_g integrated out:
+    p ~ exp(-2 [H1(b0 + u1) + H2(b0 + u2)]) N(b0; 0, 1e8) (B + (u1^2 + u2^2)/2)^-(A+1)."""
+    rng = np.random.default_rng(seed)
+    g = np.repeat([0, 1], [12, 10])
+    y = np.where(rng.random(g.size) < np.where(g == 0, 0.7, 0.35), 1, -1)
+    df = pd.DataFrame({"y": y, "g": np.array(["a", "b"])[g]})
+    A, B = 2.0, 1.0
+    fit = _gibbs("y ~ 1 + (1 | g)", df, scale=scale, seed=seed, penalty=None, A_u=A, B_u=B, thin=2)
+    th = fit.posterior["theta_draws"]  # (b0, u_a, u_b)
+    s2 = fit.posterior["sigma2_draws"][..., 0]
+    b0 = np.linspace(-9, 9, 181)
+    u = np.linspace(-9, 9, 181)
+    S = b0[:, None] + u[None, :]
+    H = [hinge_sum(y[g == k], S.ravel()[None, :] * np.ones((np.sum(g == k), 1))).reshape(S.shape)
+         for k in (0, 1)]
+    r2 = u[:, None] ** 2 + u[None, :] ** 2
+    logd = (-2 * H[0][:, :, None] - 2 * H[1][:, None, :] - b0[:, None, None] ** 2 / 2e8
+            - (A + 1) * np.log(B + r2[None] / 2))
+    joint = np.exp(logd - logd.max())
+    pv = {"b0": ks_1samp_ess(th[..., 0], grid_cdf(b0, np.log(joint.sum((1, 2))))),
+          "u_a": ks_1samp_ess(th[..., 1], grid_cdf(u, np.log(joint.sum((0, 2))))),
+          "u_b": ks_1samp_ess(th[..., 2], grid_cdf(u, np.log(joint.sum((0, 1)))))}
+    pv["sigma2_g"] = ks_1samp_ess(s2, _ig_mixture_cdf(A + 1, B, r2.ravel(), joint.sum(0).ravel()))
+    _report("random intercept, 2 groups", pv)
+    assert min(pv.values()) > P_MIN, pv
+
+
+# ------------------------------------------------------------------------------- Laplace-zero
+def _laplace_slab_logdensity(u, A, B):
+    """log of int Laplace(u; 0, sigma) IG(sigma^2; A, B) d sigma^2 (1-d quadrature in log sigma)."""
+    ls = np.linspace(-9, 7, 3201)  # log sigma
+    s = np.exp(ls)
+    # IG density of sigma^2 = s^2, times the Jacobian d sigma^2 / d log sigma = 2 s^2
+    log_ig = A * np.log(B) - special.gammaln(A) - (A + 1) * 2 * ls - B / s ** 2 + np.log(2) + 2 * ls
+    lap = -np.abs(u)[:, None] / s[None, :] - np.log(2 * s)[None, :]
+    return special.logsumexp(lap + log_ig[None, :], axis=1) + np.log(ls[1] - ls[0])
+
+
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_laplace_zero_one_term_with_intercept_exact(seed, scale):
+    """u = gamma v with the Laplace-zero prior; the posterior is a mixture of a point mass at 0
+    (gamma = 0) and a continuous part. Checks P(gamma = 1 | y) and the marginals of the
+    intercept and of u by quadrature."""
+    from vbsvm.priors import LaplaceZero
+
+    df = _data(seed + 100, n=30, beta=0.3)
+    A, B, rho = 2.0, 1.0, 0.4
+    fit = _gibbs("y ~ x1", df, scale=scale, seed=seed, prior=LaplaceZero(rho=rho), A_u=A, B_u=B)
+    th = fit.posterior["theta_draws"]  # effective coefficients on the original scale
+    gam = fit.posterior["gamma_draws"][..., 0].astype(float)
+    y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
+    b0 = np.linspace(-4, 4, 321)
+    u = np.linspace(-6, 6, 961)
+    du, db = u[1] - u[0], b0[1] - b0[0]
+    G0, G1 = np.meshgrid(b0, u, indexing="ij")
+    F = np.outer(x, G1.ravel()) + G0.ravel()
+    slab = _laplace_slab_logdensity(u, A, B)
+    log1 = (np.log(rho) - 2 * hinge_sum(y, F) - G0.ravel() ** 2 / 2e8).reshape(G0.shape) + slab[None, :]
+    log0 = np.log1p(-rho) - 2 * hinge_sum(y, np.ones((x.size, 1)) * b0[None, :]) - b0 ** 2 / 2e8
+    m = max(log1.max(), log0.max())
+    j1 = np.exp(log1 - m) * du * db  # mass of the continuous part per cell
+    j0 = np.exp(log0 - m) * db  # mass of gamma = 0 per intercept cell
+    Z = j1.sum() + j0.sum()
+    p_incl = j1.sum() / Z
+    assert 0.1 < p_incl < 0.9, p_incl  # both components matter
+    # inclusion probability: z-score with the ESS of the indicator draws
+    n_eff = min(ess(gam), gam.size)
+    z_incl = abs(gam.mean() - p_incl) / np.sqrt(p_incl * (1 - p_incl) / n_eff)
+    # intercept marginal
+    pv = {"intercept": ks_1samp_ess(th[..., 0], grid_cdf(b0, np.log(j1.sum(1) + j0)))}
+    # u given gamma = 1 (the non-zero draws) against the normalised continuous part
+    cont = cumulative_trapezoid(j1.sum(0) / du, u, initial=0.0)
+    u_draws = th[..., 1]
+    nz = [row[row != 0] for row in u_draws]
+    n_keep = min(len(r) for r in nz)
+    pv["u | gamma=1"] = ks_1samp_ess(np.stack([r[:n_keep] for r in nz]), lambda t: np.interp(t, u, cont / cont[-1]))
+    assert np.array_equal(u_draws != 0, gam[..., None].squeeze(-1) == 1)  # u = 0 exactly iff gamma = 0
+    _report("Laplace-zero, 1 term + intercept", {**pv, "P(gamma=1) exact": p_incl,
+                                                 "gibbs": gam.mean(), "z": z_incl})
+    assert z_incl < 4, (gam.mean(), p_incl)
+    assert min(pv.values()) > P_MIN, pv
+
+
+# ------------------------------------------------------------------------------- missing data
+def _log_marginal_imputation(xs_obs, xm_grid, sigma2_mu, psi, nu):
+    """log p(x_obs, x_m) under x_i ~ N(mu, s2), mu ~ N(0, sigma2_mu), s2 ~ IW_1(psi, nu) =
+    IG(nu/2, psi/2): mu integrated analytically, s2 on a log grid."""
+    ls2 = np.linspace(-12, 8, 2001)
+    s2 = np.exp(ls2)
+    a, b = nu / 2, psi / 2
+    log_prior = a * np.log(b) - special.gammaln(a) - (a + 1) * ls2 - b / s2 + ls2  # d s2 = s2 d log s2
+    n = xs_obs.size + 1
+    out = np.empty(xm_grid.size)
+    for i, xm in enumerate(xm_grid):
+        x = np.append(xs_obs, xm)
+        sx, sxx = x.sum(), (x ** 2).sum()
+        denom = s2 + n * sigma2_mu
+        quad = (sxx - sigma2_mu * sx ** 2 / denom) / s2
+        logdet = (n - 1) * ls2 + np.log(denom)
+        ll = -0.5 * (n * np.log(2 * np.pi) + logdet + quad)
+        out[i] = special.logsumexp(ll + log_prior) + np.log(ls2[1] - ls2[0])
+    return out
+
+
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_missing_one_cell_exact(seed, scale):
+    """y ~ x - 1 with a fixed penalty and one missing x, imputation model with the paper's
+    defaults (sigma2_mu = 1e8, Psi = 0.01, nu = 3 on the raw scale): the joint of
+    (beta, x_missing) on a 2-d grid, the imputation parameters integrated out."""
+    from vbsvm.models.missing import ImputedSVMModel
+    from vbsvm.inference.gibbs import run_chains
+
+    df = _data(seed + 200, n=20)
+    y, x = df["y"].to_numpy(float), df["x1"].to_numpy().copy()
+    x[3] = np.nan
+    alpha = 0.5
+    model = ImputedSVMModel(x[:, None], y, [], np.array([4 * alpha]), [0])
+    res = run_chains(model, draws=1000 * scale, tune=200, chains=2, thin=2, seed=seed, progress=False,
+                     record=("theta", "x_missing"))
+    beta_d = res.draws["theta"][..., 0]
+    xm_d = res.draws["x_missing"][..., 0]
+    obs = np.delete(x, 3)
+    yo, ym = np.delete(y, 3), y[3]
+    bg = np.linspace(-3, 6, 451)
+    xg = np.linspace(-5, 5, 401)
+    log_imp = _log_marginal_imputation(obs, xg, 1e8, 0.01, 3.0)
+    lik_obs = -2 * hinge_sum(yo, np.outer(obs, bg)) - 2 * alpha * bg ** 2
+    lik_m = -2 * np.maximum(0, 1 - ym * np.outer(bg, xg))
+    logd = lik_obs[:, None] + lik_m + log_imp[None, :]
+    joint = np.exp(logd - logd.max())
+    pv = {"beta": ks_1samp_ess(beta_d, grid_cdf(bg, np.log(joint.sum(1)))),
+          "x_missing": ks_1samp_ess(xm_d, grid_cdf(xg, np.log(joint.sum(0))))}
+    _report("missing: 1 cell", pv)
+    assert min(pv.values()) > P_MIN, pv
+
+
+def test_missing_one_cell_public_api_matches_model_level_sampler():
+    """The public ``missing="impute"`` Gibbs fit reports the same sampler's draws on the original
+    scale (here standardize=False, so they equal the model-level draws for the same seed)."""
+    df = _data(211, n=20)
+    df.loc[3, "x1"] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        fit = vbsvm.svm("y ~ x1 - 1", data=df, missing="impute", method="gibbs", penalty=0.5,
+                        standardize=False, draws=200, tune=50, chains=2, seed=5, progress=False)
+    from vbsvm.models.missing import ImputedSVMModel
+    from vbsvm.inference.gibbs import run_chains
+
+    x = df["x1"].to_numpy()
+    model = ImputedSVMModel(x[:, None], df["y"].to_numpy(float), [], np.array([2.0]), [0])
+    res = run_chains(model, draws=200, tune=50, chains=2, seed=5, progress=False, record=("theta", "x_missing"))
+    np.testing.assert_allclose(fit.posterior["theta_draws"], res.draws["theta"], rtol=1e-12)
+    np.testing.assert_allclose(fit.posterior["x_missing_draws"], res.draws["x_missing"], rtol=1e-12)
+
+
+# ------------------------------------------------------------------------------- GP
+@pytest.mark.parametrize("seed,scale", SEEDS)
+def test_gp_full_two_points_exact(seed, scale):
+    """Full GP (inducing points = the two data points): the sampled bound model has target
+    N(v; 0, I) prod_i exp{-(1 - y_i a_i v) - sqrt((1 - y_i a_i v)^2 + kt_i)} in the whitened
+    coordinates (kt ~ jitter), i.e. exp(-2 sum hinge(f)) N(f; 0, K). f = A v is checked on a
+    2-d grid."""
+    from vbsvm.models.gp import RBF, InducingGP, gibbs_sparse
+
+    rng = np.random.default_rng(seed)
+    X = np.array([[0.0], [0.8]])
+    y = np.array([1.0, -1.0]) if rng.random() < 0.5 else np.array([1.0, 1.0])
+    blocks = InducingGP(RBF(1.0, 2.0), X, jitter=1e-8)
+    v, _ = gibbs_sparse(blocks, X, y, draws=1500 * scale, tune=200, chains=2, thin=2, seed=seed)
+    A, kt = blocks.project(X)
+    F = v @ A.T  # (chains, draws, 2)
+    g = np.linspace(-6, 6, 601)
+    F1, F2 = np.meshgrid(g, g, indexing="ij")
+    Fg = np.vstack([F1.ravel(), F2.ravel()])
+    V = np.linalg.solve(A, Fg)
+    a = 1 - y[:, None] * Fg
+    logd = (-0.5 * (V ** 2).sum(0) - (a + np.sqrt(a ** 2 + kt[:, None])).sum(0)).reshape(F1.shape)
+    joint = np.exp(logd - logd.max())
+    pv = {"f1": ks_1samp_ess(F[..., 0], grid_cdf(g, np.log(joint.sum(1)))),
+          "f2": ks_1samp_ess(F[..., 1], grid_cdf(g, np.log(joint.sum(0))))}
+    _report("GP full, 2 points", pv)
+    assert min(pv.values()) > P_MIN, pv
+
+
+def test_exact_check_detects_a_wrong_sampler():
+    """Power check of the KS machinery: the same quadrature target rejects draws from the
+    posterior with the penalty off by a factor 2 (what a factor-2 bug in the prior precision
+    would produce)."""
+    df = _data(11, n=25)
+    y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
+    fit = _gibbs("y ~ x1 - 1", df, scale=1, seed=11, penalty=1.4)  # wrong: 2 x 0.7
+    grid = np.linspace(-4, 8, 12001)
+    cdf = grid_cdf(grid, -2 * hinge_sum(y, np.outer(x, grid)) - 2 * 0.7 * grid ** 2)
+    assert ks_1samp_ess(fit.posterior["theta_draws"][..., 0], cdf) < P_MIN
