@@ -72,16 +72,16 @@ def run(n, stream, seed, Xt, yt, args):
     tracemalloc.start()
     tracemalloc.reset_peak()
     base = tracemalloc.get_traced_memory()[0]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = fit_gp(X, y, **kw)
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
     err, brier = evaluate(fit, Xt, yt)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    row = dict(n=n, streamed=stream, seconds=secs, n_iter=int(fit.n_iter),
+    row = dict(n=n, streamed=stream, seconds=secs, cpu_seconds=cpu, n_iter=int(fit.n_iter),
                converged=bool(fit.converged), test_error=err, test_brier=brier,
                peak_fit_mb=peak / 2**20, maxrss_mb=rss,
                data_mb=0.0 if stream else (n * D * 8 + n * 8) / 2**20,

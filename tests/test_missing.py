@@ -193,6 +193,24 @@ def test_patterns_group_rows(small):
                           np.arange(model.n_cells))
 
 
+def test_rows_sharing_a_pattern_are_processed_together(small, monkeypatch):
+    """One factorization per missingness pattern and sweep, however many rows share it."""
+    import vbsvm.models.missing as mm
+
+    calls = []
+    original = mm._pattern_factor
+    monkeypatch.setattr(mm, "_pattern_factor", lambda A, B: calls.append(A.shape) or original(A, B))
+    for copies in (1, 20):
+        _, model = make_model("y ~ x1 + x2 + x3", pd.concat([small] * copies, ignore_index=True))
+        calls.clear()
+        model.vb_sweep(model.vb_initial_state())
+        assert len(calls) == len(model.patterns) == 4
+        calls.clear()
+        rng = np.random.default_rng(0)
+        model.gibbs_sweep(model.gibbs_initial_state(rng), rng)
+        assert len(calls) == 4
+
+
 def test_fixed_point_matches_algorithm4(small):
     d, model = make_model("y ~ x1 + x2 + x3", small)
     res = coordinate_ascent(model, tol=1e-15, max_iter=20000)
@@ -301,7 +319,7 @@ def test_each_block_is_optimal(small):
         assert model.elbo(worse) < e
 
 
-def test_incomplete_rows_only_change_through_their_pattern_block():
+def test_fully_missing_row_is_imputed_towards_its_label():
     """A row with every predictor missing is imputed from the imputation model and its label:
     its imputation moves towards the side of its label (the SVM term in q(d_i))."""
     df, _ = correlated(80, 3)
@@ -754,9 +772,8 @@ def test_laplace_zero_with_impute_raises_through_svm(small):
 ])
 def test_bad_hyperparameters_raise(small, key, value, match):
     design = build_design("y ~ x1 + x2 + x3", small, missing="impute")
-    fit = vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", max_iter=5)
     with pytest.raises((InputError, vbsvm.exceptions.InputTypeError), match=match):
-        fit_imputed(design, dict(fit.settings, **{key: value}))
+        fit_imputed(design, {"method": "vb", key: value})  # checked before anything is fitted
 
 
 # --------------------------------------------------------------------------- acceptance (simulation)
@@ -827,3 +844,73 @@ def test_simulation_documents_inflation_of_imputed_coefficient(simulation):
     imputed column's coefficient exceeds the full-data one in (almost) every replicate."""
     full, imp, cc = map(np.array, zip(*simulation["beta_x1"]))
     assert np.mean(imp > full) >= 0.75
+
+
+# --------------------------------------------------------------------------- VB against Gibbs
+@pytest.fixture(scope="module")
+def agreement():
+    """VB and Gibbs on 300 simulated rows (25% of np.log(chol), 10% of x2 missing)."""
+    df, rng = correlated(300, 6)
+    df["chol"] = np.exp(5.4 + 0.2 * df["x1"])
+    df["arm"] = np.where(df["x3"] > 0, "b", "a")
+    df.loc[rng.random(300) < 0.25, "chol"] = np.nan
+    df.loc[rng.random(300) < 0.1, "x2"] = np.nan
+    vb = vbsvm.svm(FORMULA, data=df, missing="impute")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        gb = vbsvm.svm(FORMULA, data=df, missing="impute", method="gibbs", draws=1500, tune=500, chains=2,
+                       seed=1, progress=False)
+    return {
+        "corr": np.corrcoef(vb.imputed["mean"], gb.imputed["mean"])[0, 1],
+        "distance": ((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]).to_numpy(),
+        "sd_ratio": (vb.coef["sd"] / gb.coef["sd"]).to_numpy(),
+    }
+
+
+def test_vb_gibbs_imputations_agree(agreement):
+    assert agreement["corr"] > 0.95
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Measured: VB coefficient means are 1.1-1.5 Gibbs sd from Gibbs here (0.02-0.15 sd on the same "
+    "data without missing values); acath: up to 8.3 sd (log cholesterol). q(theta) q(d_mis) drops the "
+    "strong posterior dependence between the coefficients and the label-driven imputations."))
+def test_vb_gibbs_coefficients_within_quarter_sd(agreement):
+    assert np.all(np.abs(agreement["distance"]) < 0.25)
+
+
+def test_vb_gibbs_regression_guard(agreement):
+    """Not the acceptance criterion (see the xfail above): a guard against gross errors at the
+    measured level (distances about 1.3 Gibbs sd, sd ratios about 0.4)."""
+    assert np.all(np.abs(agreement["distance"]) < 3.0)
+    assert np.all((agreement["sd_ratio"] > 0.25) & (agreement["sd_ratio"] < 0.8))
+
+
+@pytest.fixture(scope="module")
+def acath_fits():
+    try:
+        acath = vbsvm.datasets.load("acath")
+    except FileNotFoundError:
+        pytest.skip("acath data not available (set VBSVM_DATA)")
+    formula = "sigdz ~ age + sex + np.log(cad_dur + 1) + np.log(choleste)"
+    vb = vbsvm.svm(formula, data=acath, missing="impute")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        gb = vbsvm.svm(formula, data=acath, missing="impute", method="gibbs", draws=2000, tune=2000, chains=2,
+                       seed=3, progress=False, n_jobs=2)
+    return vb, gb
+
+
+@pytest.mark.slow
+def test_acath_imputations_agree(acath_fits):
+    vb, gb = acath_fits
+    assert len(vb.imputed) == 1246
+    assert np.corrcoef(vb.imputed["mean"], gb.imputed["mean"])[0, 1] > 0.95  # measured 0.987
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="Measured (benchmarks/acath_missing.py, 4 x 5000 draws): distances "
+                   "-2.7, -2.3, 2.2, 0.6, -8.3 Gibbs sd (intercept, age, sex, log duration, log cholesterol).")
+def test_acath_coefficients_within_quarter_sd(acath_fits):
+    vb, gb = acath_fits
+    assert np.all(np.abs((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]) < 0.25)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import re
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -23,7 +25,7 @@ from test_reliability_helpers import fingerprint
 
 FIX = (r"(?i)\b(use|pass|drop|remove|recode|rename|must|should|give|choose|add|map|fill|filter|"
        r"transform|write|wrap|refit|leave|increase|set|lower|keep|one of|e\.g\.|expected|"
-       r"instead|only|needs?)\b")
+       r"instead|only|needs?|did you mean|the columns are)\b")
 
 
 def _frame(n=40, seed=0):
@@ -56,10 +58,17 @@ def _with(col, values, base=None):
 
 def _nan_at(col, i=3, value=np.nan):
     df = _frame()
-    df[col] = df[col].astype(object if df[col].dtype == object else float)
+    numeric = pd.api.types.is_numeric_dtype(df[col]) and not isinstance(df[col].dtype, pd.CategoricalDtype)
+    df[col] = df[col].astype(float if numeric else object)
     df.loc[i, col] = value
     return df
 
+
+MESSAGE_XFAIL = {
+    "formula_empty_rhs": "message names the formula but gives no fix (design.build_design)",
+    "unknown_predictor": "message gives no fix when no column name is close (design.build_design)",
+    "all_rows_incomplete": "message gives no fix (design.build_design)",
+}
 
 # ------------------------------------------------------------------------------- svm(): data & formula
 CASES = {
@@ -172,8 +181,13 @@ def _newdata_unseen_level():
     return df
 
 
+FIT_XFAIL = {
+    "predict_unseen_level": "the message quotes formulaic's text and the level but not the column 'sex' "
+                            "(design.Design.new_X)",
+}
+
 FIT_CASES = {
-    "predict_unseen_level": lambda df: (("predict",), (_newdata_unseen_level(),), {}, InputError, r"sex|level", FIX),
+    "predict_unseen_level": lambda df: (("predict",), (_newdata_unseen_level(),), {}, InputError, r"'sex'", FIX),
     "predict_missing_column": lambda df: (("predict",), (df.drop(columns="x"),), {}, InputError, r"'x'", FIX),
     "predict_missing_group_column": lambda df: (("predict",), (df.drop(columns="g"),), {}, InputError, r"'g'", FIX),
     "predict_not_a_frame": lambda df: (("predict",), (df.to_numpy(),), {}, InputTypeError, r"newdata", FIX),
@@ -232,13 +246,18 @@ def _file_case(kind, tmp_path, fitted_pair):
     elif kind == "pickle_file":
         with open(path, "wb") as fh:
             pickle.dump({"vbsvm_fit_type": "linear"}, fh)
+    if kind == "fit_unknown_type":
+        return str(path), FitFileError, r"quantum"
     return str(path), FitFileError, r"\.nc|file"
 
 
 LOAD_CASES = ["missing_file", "directory", "text_file", "empty_file", "foreign_netcdf", "truncated_fit",
               "garbled_fit", "fit_without_settings", "fit_unknown_type", "fit_bad_layout_json",
               "gp_type_without_meta", "pickle_file"]
-LOAD_XFAIL = {}
+LOAD_XFAIL = {
+    "fit_unknown_type": "load says the file has no 'vbsvm_fit_type' attribute when it has an unknown one",
+    "gp_type_without_meta": "GPFit.from_datatree lets KeyError escape: vbsvm.load must wrap it in FitFileError",
+}
 
 
 # ------------------------------------------------------------------------------- the tests
@@ -249,10 +268,8 @@ def _check_raises(fn, args, kwargs, exc, name_re, fix_re):
         fn(*args, **kwargs)
     assert isinstance(info.value, VbsvmError), type(info.value).__mro__
     msg = str(info.value)
-    assert pytest.importorskip("re").search(name_re, msg), f"message does not name the culprit ({name_re!r}): {msg}"
+    assert re.search(name_re, msg), f"message does not name the culprit ({name_re!r}): {msg}"
     if fix_re is not None:
-        import re
-
         assert re.search(fix_re, msg), f"message does not say how to fix it: {msg}"
     assert fingerprint((args, kwargs)) == before, "an input was mutated"
     for a, b in zip(snapshot[0], args):
@@ -261,19 +278,19 @@ def _check_raises(fn, args, kwargs, exc, name_re, fix_re):
     return msg
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=MESSAGE_XFAIL[c]))
+                                  if c in MESSAGE_XFAIL else c for c in CASES])
 def test_bad_input_svm(case):
     fn, args, kwargs, exc, name_re, fix_re = CASES[case]()
     msg = _check_raises(fn, args, kwargs, exc, name_re, fix_re)
-    print(f"[bad-input] {case}: {type(exc).__name__}: {msg}")
+    print(f"[bad-input] {case}: {exc.__name__}: {msg}")
 
 
-@pytest.mark.parametrize("case", list(FIT_CASES))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=FIT_XFAIL[c]))
+                                  if c in FIT_XFAIL else c for c in FIT_CASES])
 def test_bad_input_fit_methods(case, fitted):
     fit, df = fitted
     (meth,), args, kwargs, exc, name_re, fix_re = FIT_CASES[case](df)
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         msg = _check_raises(getattr(fit, meth), args, kwargs, exc, name_re, fix_re)
@@ -288,8 +305,6 @@ def test_bad_input_load(kind, tmp_path, fitted):
     with pytest.raises(exc) as info:
         vbsvm.load(path)
     assert isinstance(info.value, VbsvmError)
-    import re
-
     assert re.search(name_re, str(info.value)), str(info.value)
     if before is not None:
         assert open(path, "rb").read() == before, "load modified the file"
@@ -339,7 +354,7 @@ def test_load_never_executes_code_from_a_file(tmp_path, fitted):
 
 def test_bad_input_case_count():
     """The brief asks for at least 50 parametrized bad-input cases."""
-    assert len(CASES) + len(FIT_CASES) + len(LOAD_CASES) >= 50
+    assert len(CASES) + len(FIT_CASES) + len(LOAD_CASES) + len(GP_CASES) >= 50
 
 
 # ------------------------------------------------------------------------------- gpsvm
@@ -351,10 +366,17 @@ GP_CASES = {
     "gp_n_inducing_float": ({"n_inducing": 2.5}, r"n_inducing"),
     "gp_draws_zero": ({"method": "gibbs", "draws": 0}, r"draws"),
     "gp_chains_zero": ({"method": "gibbs", "chains": 0}, r"chains"),
+    "gp_tune_negative": ({"method": "gibbs", "tune": -1}, r"tune"),
+    "gp_thin_zero": ({"method": "gibbs", "thin": 0}, r"thin"),
     "gp_lengthscale_negative": ({"lengthscale": -1.0}, r"lengthscale"),
     "gp_variance_zero": ({"variance": 0.0}, r"variance"),
 }
-GP_XFAIL = {}
+GP_XFAIL = {
+    "gp_draws_zero": "fit_gp does not validate draws: draws=0 returns a fit whose predictions are NaN",
+    "gp_chains_zero": "fit_gp does not validate chains: chains=0 returns a fit whose predictions are NaN",
+    "gp_tune_negative": "fit_gp does not validate tune",
+    "gp_thin_zero": "fit_gp does not validate thin: thin=0 returns uninitialized memory (np.empty) as draws",
+}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=GP_XFAIL[c]))

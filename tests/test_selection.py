@@ -130,7 +130,7 @@ def test_fixed_point_matches_algorithm3(small_fit):
     """One iteration of the transcribed Algorithm 3, started from our converged q, returns it."""
     d, model, res = small_fit
     q = res.q
-    assert 0.05 < q["gamma"].min() < 0.95 or np.any((q["gamma"] > 0.05) & (q["gamma"] < 0.95))
+    assert np.sum((q["gamma"] > 0.05) & (q["gamma"] < 0.95)) >= 3  # a fixed point with non-trivial q(gamma)
     X, Z = d.X[:, ~d.penalized], d.X[:, d.penalized]
     init = (q["chi"] ** -0.5, q["variances"].mean_inv(), q["mu_b"], q["gamma"])
     o = algorithm3(X, Z, d.y, 0.5, init=init, iters=1)

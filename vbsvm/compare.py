@@ -212,7 +212,7 @@ def _is_linear_vb(fit) -> bool:
     """Does the fit carry the closed-form q of the linear model (Gaussian theta, IG variances)?"""
     P = getattr(fit, "posterior", None)
     return (getattr(fit, "method", None) == "vb" and isinstance(P, dict) and "theta_mean" in P
-            and "theta_var" in P and hasattr(fit, "layout") and not hasattr(fit, "inclusion")
+            and "theta_var" in P and hasattr(fit, "layout")
             and (getattr(fit, "settings", {}) or {}).get("prior") is None)
 
 
@@ -329,8 +329,9 @@ class Comparison:
             from .linear_response import linear_response
 
             fit = self.fits[name]
+            eligible = _is_linear_vb(fit) and fit.settings.get("missing") != "impute"
             try:
-                self._cache[key] = linear_response(fit).sd if _is_linear_vb(fit) else None
+                self._cache[key] = linear_response(fit).sd if eligible else None
             except InputError as exc:  # e.g. too many rows for the dense solve
                 warnings.warn(f"no linear-response sd for {name!r}: {exc}", DiagnosticWarning, stacklevel=3)
                 self._cache[key] = None

@@ -63,7 +63,7 @@ def _check_positive_int(value, name, allow_none=False):
 # ---------------------------------------------------------------------------------------------
 def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
            method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
-           bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
+           bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
            jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
            n_obs=None, feature_names=None, monitor_size=2000, learn=None, _design=None,
            _formula=None):
@@ -172,7 +172,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
 # ---------------------------------------------------------------------------------------------
 def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
-          bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.05,
+          bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
           n_obs=None, standardize=True, missing="drop", learn=None):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
@@ -270,11 +270,15 @@ def _gp_columns(design):
 
 
 def _code_y(values, design):
+    """Code a response chunk of a streamed fit with the levels fixed by the first chunk."""
     v = pd.Series(values).to_numpy()
-    out = np.where(v == design.positive_level, 1.0, -1.0)
-    if isinstance(design.positive_level, (bool, np.bool_)) or design.positive_level in (1, 1.0):
-        out = np.where(v.astype(float) > 0, 1.0, -1.0) if np.issubdtype(np.asarray(v).dtype, np.number) else out
-    return out
+    pos = v == design.positive_level
+    neg = v == design.negative_level
+    if not np.all(pos | neg):
+        bad = pd.unique(v[~(pos | neg)])[:3]
+        raise InputError(f"response {design.response!r} has value(s) {list(bad)} in a later chunk "
+                         f"that are neither {design.negative_level!r} nor {design.positive_level!r}")
+    return np.where(pos, 1.0, -1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -442,7 +446,7 @@ class GPFit:
         pos = self.design.positive_level if self.design is not None else "+1"
         el = self.elbo
         left = [("Response:", f"{resp} (+1 = {pos!r})"), ("Method:", self.method),
-                ("Kernel:", repr(self.kernel)[:60]),
+                ("Kernel:", _kernel_label(self.kernel)),
                 ("No. observations:", str(self.n_obs)),
                 ("No. inducing points:", str(self.n_inducing))]
         right = [("ELBO:", f"{el[-1]:.4f}" if len(el) else "-"),
@@ -571,6 +575,17 @@ class GPFit:
         gd = np.asarray(st["gibbs_v"].values) if "gibbs_v" in st else None
         return cls(fs, meta["method"], meta["n_obs"], meta["n_features"], design=design,
                    formula=meta["formula"], gibbs_draws=gd, settings=meta["settings"])
+
+
+def _kernel_label(k):
+    parts = k.parts if hasattr(k, "parts") else [k]
+    out = []
+    for p in parts:
+        nm = type(p).__name__
+        if getattr(p, "ard", False):
+            nm += "(ARD)"
+        out.append(nm)
+    return " + ".join(out)
 
 
 def _pickle_design(d):

@@ -136,20 +136,8 @@ class ImputedFit(Fit):
         return base + [(f"Imputation model d ~ N(mu, Sigma): {self.n_incomplete} incomplete rows, "
                         f"{int(table['n_missing'].sum())} missing cells", table[keep])]
 
-    def summary(self, level=None):
-        """statsmodels-style summary with the missing-data section and notes added."""
-        notes = list(self.info.get("summary_notes", []))
-        extra = self._imputation_notes()
-        self.info["summary_notes"] = notes + [x for x in extra if x not in notes]
-        try:
-            return super().summary(level)
-        finally:
-            if notes:
-                self.info["summary_notes"] = notes
-            else:
-                self.info.pop("summary_notes", None)
-
     def _imputation_notes(self) -> list:
+        """Notes of :meth:`summary` (stored in ``info["summary_notes"]`` when the fit is made)."""
         imp = self.info.get("imputation", {})
         d = len(self._imp_cols)
         Psi = np.asarray(imp.get("Psi", 0.01 * np.eye(d)))
@@ -160,7 +148,8 @@ class ImputedFit(Fit):
         txt = [
             f"Missing predictors imputed in the model (MCAR assumed): {self.n_incomplete} of {self.n_obs} "
             f"rows incomplete; missing cells per column: {counts or 'none'}.",
-            "Imputation model on the standardized design columns "
+            "Imputation model on the " + ("standardized " if self.settings.get("standardize", True) else "")
+            + "design columns "
             f"({', '.join(self.imputation_columns)}): d_i ~ N(mu, Sigma), mu ~ N(0, {imp.get('sigma2_mu', 1e8):g} I), "
             f"Sigma ~ IW({psi_txt}, {imp.get('nu', 3):g})"
             + ("" if imp.get("prior_proper", True) else

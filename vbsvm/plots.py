@@ -90,7 +90,7 @@ def plot_inclusion(table, ax=None, *, shade="p_positive_if_included", order=None
     return fig
 
 
-def plot_inclusion_comparison(fits, labels=None, *, order=None, figsize=None):
+def plot_inclusion_comparison(fits, labels=None, *, order=None, positive_label="+1", figsize=None):
     """Inclusion bar charts of several fits (e.g. VB and Gibbs) stacked, bars in the same order.
 
     Parameters
@@ -100,6 +100,8 @@ def plot_inclusion_comparison(fits, labels=None, *, order=None, figsize=None):
         Panel titles (default ``"VB"``/``"Gibbs"`` from each fit's method).
     order : sequence of str, optional
         Bar order (default: decreasing ``p_include`` of the first fit).
+    positive_label : str
+        Name of the ``+1`` level for the colour bar (taken from the fits when they are fits).
 
     Returns
     -------
@@ -116,8 +118,9 @@ def plot_inclusion_comparison(fits, labels=None, *, order=None, figsize=None):
     k = len(order)
     fig = Figure(figsize=figsize or (max(6.0, 0.17 * k + 2.0), 3.0 * len(tables)), layout="constrained")
     axes = fig.subplots(len(tables), 1, squeeze=False)[:, 0]
+    positive = next((str(f.design.positive_level) for f in fits if hasattr(f, "design")), positive_label)
     for ax, t, lab in zip(axes, tables, labels):
-        plot_inclusion(t, ax=ax, order=order, title=lab)
+        plot_inclusion(t, ax=ax, order=order, title=lab, positive_label=positive)
     return fig
 
 

@@ -18,7 +18,7 @@ rho in (0, 1]. The Cholesky factorization is still guarded: a non-finite target 
 extreme minibatch) is skipped, and a failed factorization halves rho and retries (up to 6 times)
 before the minibatch is skipped; skipped steps are counted in the result.
 
-Memory: the SVI loop holds q (O(m^2)), one minibatch projection (O(batch * m)), the kernel's
+Memory: the SVI loop holds q (O(m^2)), up to ``average_windows`` window sums (O(m^2) each), one minibatch projection (O(batch * m)), the kernel's
 hyperparameters and Adam moments; minibatches are drawn with replacement (O(batch) indices) or
 streamed from an iterator, so nothing of size n is allocated besides the data itself.
 """
@@ -330,9 +330,10 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
 # Stochastic VI (Algorithm 1)
 # ---------------------------------------------------------------------------------------------
 def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
-            check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.05,
+            check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.1,
             hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
-            q=None, callback=None, hyper_mask=None) -> FitState:
+            q=None, callback=None, hyper_mask=None, average=True,
+            average_windows=10, theta_tol=None) -> FitState:
     """Inducing-point SVI: natural-gradient steps on minibatches, optional Adam hyper steps.
 
     Parameters
@@ -347,7 +348,9 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     step : {"adaptive", "robbins-monro"} or float or callable
     tol : float
         Convergence: relative change of the monitor ELBO below ``tol`` for ``patience``
-        consecutive checks (no hyperparameter steps in between count as changes too).
+        consecutive checks, and (with ``optimize``) the window averages of the
+        log-hyperparameters moved by less than ``theta_tol`` (default ``20 * tol``) between
+        consecutive check windows (Adam's steps are noisy, so single iterates are not compared).
     check_every : int or None
         Steps between checks (default ``max(20, min(n // batch, 500))``).
     optimize : bool
@@ -363,6 +366,12 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
         Rows on which the ELBO is evaluated exactly at each check (scaled to n).
     min_iter : int or None
         Never stop before this many steps (default ``2 * check_every``).
+    average : bool
+        Polyak-Ruppert tail averaging: return the average of the natural parameters over the
+        last ``average_windows`` check windows, at most the second half of the run (a convex
+        combination, so still PD).  This removes most of the
+        minibatch noise left at the final step size.  Used only when the hyperparameters were
+        fixed during those windows (the whitened frame must not change).
 
     Returns
     -------
@@ -375,6 +384,8 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     b = getattr(source, "b", None)
     if check_every is None:
         check_every = max(20, min(n // max(b or 100, 1), 500))
+        if optimize:  # at least 5 hyperparameter steps per check window
+            check_every = max(check_every, 5 * hyper_every)
     if min_iter is None:
         min_iter = 2 * check_every
     if hyper_warmup is None:
@@ -386,6 +397,10 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     converged = False
     t = 0
     m = blocks.m
+    win_P, win_h, win_k = np.zeros((m, m)), np.zeros(m), 0
+    done_windows = []  # sums of the last completed windows since the hyperparameters last moved
+    moved = False  # hyperparameters changed in the current window
+    th_sum, th_k, prev_theta_mean = np.zeros(blocks.kernel.n_params), 0, None
     for t in range(1, max_iter + 1):
         Xb, yb = next(it_src)
         scale = n / Xb.shape[0]
@@ -413,6 +428,10 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
             continue
         q = q_new
         rhos.append(rho)
+        if average:
+            win_P += q.prec
+            win_h += q.shift
+            win_k += 1
         if optimize and t >= hyper_warmup and t % hyper_every == 0:
             gth, gZ = blocks.hyper_grad(Xb, yb, q, scale=scale, inducing=optimize_inducing)
             if hyper_mask is not None:
@@ -426,6 +445,9 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
                 blocks.kernel.theta = np.clip(x[:th_old.size], -12, 12)
                 if optimize_inducing:
                     blocks.Z = x[th_old.size:].reshape(Z_old.shape)
+                moved = True
+                th_sum += blocks.kernel.theta
+                th_k += 1
                 try:
                     blocks.refresh()
                     q = blocks.rewhiten(q, L_old)
@@ -444,14 +466,43 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
                 val = scale * blocks.data_elbo(yb, fbar, c) - q.kl_to_std()
             if elbos:
                 rel = abs(val - elbos[-1]) / max(abs(val), 1e-12)
-                calm = calm + 1 if rel < tol else 0
+                dth = 0.0
+                if optimize and prev_theta_mean is not None and th_k > 0:
+                    dth = float(np.max(np.abs(th_sum / th_k - prev_theta_mean)))
+                ok = rel < tol and dth < (20 * tol if theta_tol is None else theta_tol)
+                calm = calm + 1 if ok else 0
             elbos.append(val)
             elbo_at.append(t)
+            if optimize and th_k > 0:
+                prev_theta_mean = th_sum / th_k
+                th_sum, th_k = np.zeros_like(th_sum), 0
+            if average:
+                done_windows = [] if moved else (done_windows + [(win_P, win_h, win_k)])
+                keep = max(1, min(average_windows, len(elbos) // 2))
+                done_windows = done_windows[-keep:]
+                win_P, win_h, win_k = np.zeros((m, m)), np.zeros(m), 0
+                moved = False
             if callback is not None:
                 callback(t, q, blocks)
             if calm >= patience and t >= min_iter:
                 converged = True
                 break
+    if average and done_windows and win_k == 0:
+        # average over the last completed windows with fixed hyperparameters
+        P_sum = sum(w[0] for w in done_windows)
+        h_sum = sum(w[1] for w in done_windows)
+        k_sum = sum(w[2] for w in done_windows)
+        if k_sum > 0:
+            q_avg = WhitenedGaussian(P_sum / k_sum, h_sum / k_sum)
+            try:
+                q_avg.chol
+                q = q_avg
+                if monitor is not None:
+                    Xm, ym = monitor
+                    elbos.append(blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0]))
+                    elbo_at.append(t)
+            except np.linalg.LinAlgError:  # pragma: no cover - convex combination of PD
+                pass
     if not converged:
         warnings.warn(f"SVI stopped at max_iter={max_iter} before the monitored ELBO settled "
                       f"(tol={tol:g}); increase max_iter or tol", ConvergenceWarning, stacklevel=3)

@@ -775,6 +775,7 @@ def fit_imputed(design, settings):
         }
         info.update(seconds=res.seconds)
     fit = ImputedFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    fit.info["summary_notes"] = fit._imputation_notes()
     if method == "gibbs":
         fit._warn_diagnostics()
     return fit
