@@ -26,7 +26,8 @@ Run ``python vignettes/toenail.py`` (about 10 minutes on one core: Gibbs 2 chain
 after 500 tuning draws per split, 20 inner hold-outs for the SVM grids) or ``--quick`` (5 splits,
 short chains; under a minute, used by the test suite). Output: a box plot
 ``vignettes/figures/toenail_ber.png``, the per-split table ``vignettes/results/toenail_ber.csv``
-(``_quick`` appended in quick mode) and a markdown summary on stdout.
+(``_quick`` appended in quick mode) and a markdown summary on stdout and in
+``vignettes/results/toenail_ber.md``.
 """
 
 from __future__ import annotations
@@ -241,8 +242,10 @@ def main(argv=None):
     csv_path, png_path = res_dir / f"toenail_ber{suffix}.csv", fig_dir / f"toenail_ber{suffix}.png"
     table.to_csv(csv_path, index=False)
     box_plot(table, png_path, f"Toenail, {n_splits} random splits (cf. Luts & Ormerod 2014, Fig. 2)")
-    print(summarize(table, settings))
-    print(f"\nTotal {time.perf_counter() - t0:.0f} s. Wrote {csv_path} and {png_path}.")
+    text = summarize(table, settings)
+    (res_dir / f"toenail_ber{suffix}.md").write_text(text + "\n")
+    print(text)
+    print(f"\nTotal {time.perf_counter() - t0:.0f} s. Wrote {csv_path}, {png_path} and the summary (.md).")
     return table
 
 
