@@ -222,10 +222,6 @@ def test_comparison_of_saved_fits_is_the_same(pair, tmp_path):
     pd.testing.assert_frame_equal(again.predictions(), compare(vb, gibbs).predictions())
 
 
-@pytest.mark.xfail(strict=True, reason="design.raw stores the predictor columns sorted, so a fit of "
-                   "'y ~ .' reloaded by vbsvm.load expands '.' in another order than the saved "
-                   "coefficients (vbsvm/design.py build_design: needed_vars = sorted(...)); remove this "
-                   "marker when fixed")
 def test_dot_formula_round_trip_predicts_the_same(tmp_path):
     df = vbsvm.datasets.simulate_luts(100, 12, seed=1)
     fit = vbsvm.svm("y ~ .", data=df)
@@ -256,3 +252,9 @@ def test_laplace_zero_inclusion_side_by_side(sim, tmp_path):
     matplotlib.use("Agg")
     c.plot("inclusion").savefig(tmp_path / "inc.png")
     assert (tmp_path / "inc.png").stat().st_size > 5_000
+
+
+def test_vb_draws_are_fixed_once_fitted_without_seed(sim):
+    fit = vbsvm.svm("y ~ x1 + x2", data=sim)
+    a = fit.to_arviz()["posterior"]["beta"].values
+    np.testing.assert_array_equal(a, fit.to_arviz()["posterior"]["beta"].values)

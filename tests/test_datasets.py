@@ -93,7 +93,7 @@ def test_provenance_file_present():
 
 SHAPES = {
     "toenail": (1908, 7),
-    "spam": (4601, 59),
+    "spam": (4601, 58),
     "acath": (3504, 6),
     "usps": (1540, 260),
     "raetsch/banana": (5300, 3),
@@ -165,11 +165,14 @@ def test_default_directory_is_found(no_env):
 @needs_shared
 def test_spam():
     df = load("spam", data_home=SHARED)
-    assert df.columns[-2:].tolist() == ["type", "test"]
-    assert df["test"].dtype == bool
-    assert int(df["test"].sum()) == 1536
+    assert df.shape == (4601, 58) and df.columns[-1] == "type"
     assert df["type"].value_counts().to_dict() == {"nonspam": 2788, "spam": 1813}
-    assert (df.loc[df["test"], "type"] == "spam").sum() == 595
+    test = load("spam", data_home=SHARED, split="test")
+    train = load("spam", data_home=SHARED, split="train")
+    assert len(test) == 1536 and len(train) == 3065
+    assert (test["type"] == "spam").sum() == 595
+    assert test.index.union(train.index).equals(df.index)
+    pd.testing.assert_frame_equal(test, df.loc[test.index], check_like=False)
     for new in ["char_exclamation", "char_dollar", "capital_ave", "capital_long",
                 "capital_total", "num3d", "make"]:
         assert new in df.columns
@@ -293,8 +296,9 @@ def test_spam_needs_indicator_file(tmp_path):
     path = tmp_path / "spam" / "spam.csv"
     path.parent.mkdir()
     pd.DataFrame(np.zeros((4601, 58))).to_csv(path, index=False)
+    assert load("spam", data_home=tmp_path).shape == (4601, 58)
     with pytest.raises(DataNotFoundError, match="spam_esl_traintest.csv"):
-        load("spam", data_home=tmp_path)
+        load("spam", data_home=tmp_path, split="test")
 
 
 def test_wrong_shape_is_reported(tmp_path):

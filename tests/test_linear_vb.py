@@ -1,7 +1,6 @@
 """VB for the linear SVM: fixed point of Algorithms 1-2, ELBO, monotonicity, structure."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 import vbsvm

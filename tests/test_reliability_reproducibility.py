@@ -131,7 +131,6 @@ def test_gp_gibbs_and_svi_reproducible():
 
 
 ROUND_TRIP_XFAIL = {
-    "laplace_zero": "vbsvm.load does not dispatch vbsvm_fit_type='selection' (api.load)",
     "imputation": "vbsvm.load does not dispatch vbsvm_fit_type='imputed' (api.load)",
 }
 
@@ -154,8 +153,6 @@ def test_save_load_round_trip_reproduces_predictions(model, method, tmp_path):
     pd.testing.assert_frame_equal(fit.coef, back.coef)
 
 
-@pytest.mark.xfail(strict=True, reason="results._dataset_to_frame aligns the string columns (pd.Series on a "
-                                       "RangeIndex) on the saved row labels: all NaN unless the index is 0..n-1")
 @pytest.mark.parametrize("method", ["vb", "gibbs"])
 def test_round_trip_with_string_column_and_labelled_rows(method, tmp_path):
     """A frame with a string predictor and string row labels (e.g. patient ids as the index)."""

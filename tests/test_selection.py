@@ -8,6 +8,8 @@ inclusion probability of a one-predictor model matches quadrature. Then ranking 
 the user API (prior validation, inclusion table, plot, predictions, ArviZ, save/load).
 """
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -406,7 +408,10 @@ def _replicate_aucs(method, reps=20, **kw):
     aucs = []
     for r in range(reps):
         df = vbsvm.datasets.simulate_sparse(500, 50, 5, seed=100 + r)
-        fit = vbsvm.svm("y ~ .", df, prior=LaplaceZero(expected_size=5), method=method, seed=r, progress=False, **kw)
+        with warnings.catch_warnings():  # short Gibbs chains: R-hat/ESS warnings are expected here
+            warnings.simplefilter("ignore", vbsvm.exceptions.DiagnosticWarning)
+            fit = vbsvm.svm("y ~ .", df, prior=LaplaceZero(expected_size=5), method=method, seed=r,
+                            progress=False, **kw)
         inc = fit.inclusion()
         truth = inc.index.isin(df.attrs["truth"]["support"])
         aucs.append(_auc(inc["p_include"].to_numpy(), truth))
@@ -565,7 +570,6 @@ def test_arviz_has_gamma_and_save_load_round_trip(which, request, tmp_path):
     np.testing.assert_allclose(back.to_arviz()["posterior"]["gamma"].values, gam.values)
 
 
-@pytest.mark.xfail(reason="needs the 'selection' dispatch line in vbsvm.api.load (lead)", strict=False)
 def test_vbsvm_load_dispatches_selection_fits(vb_fit, tmp_path):
     vb_fit.save(tmp_path / "f.nc")
     assert isinstance(vbsvm.load(tmp_path / "f.nc"), SelectionFit)

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_toenail_vignette_quick(tmp_path):
     start = time.perf_counter()
-    res = subprocess.run([sys.executable, str(ROOT / "vignettes" / "toenail.py"), "--quick", "--out-dir", str(tmp_path)],
+    script = ROOT / "vignettes" / "toenail.py"
+    res = subprocess.run([sys.executable, str(script), "--quick", "--out-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     elapsed = time.perf_counter() - start
     assert res.returncode == 0, res.stderr[-3000:]

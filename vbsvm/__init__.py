@@ -12,5 +12,9 @@ __version__ = "0.1.0"
 
 from . import datasets, exceptions
 from .api import load, svm
+from .compare import compare
+from .gpfit import GPFit, gpsvm
+from .linear_response import linear_response
+from .priors import LaplaceZero
 
-__all__ = ["svm", "load", "datasets", "exceptions", "__version__"]
+__all__ = ["svm", "gpsvm", "load", "compare", "linear_response", "LaplaceZero", "GPFit", "datasets", "exceptions", "__version__"]

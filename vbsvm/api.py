@@ -138,6 +138,9 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
         "standardize": bool(standardize), "draws": _positive_int(draws, "draws"),
         "tune": _positive_int(tune, "tune", minimum=0), "chains": _positive_int(chains, "chains"),
         "thin": _positive_int(thin, "thin"), "seed": _check_seed(seed),
+        # seed of the iid draws a VB fit stores in to_arviz(): fixed at fit time, so that the
+        # draws (and a saved file) are reproducible even when seed=None
+        "draw_seed": _check_seed(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]),
         "tol": _positive_float(tol, "tol"), "max_iter": _positive_int(max_iter, "max_iter"),
         "sigma2_beta": _positive_float(sigma2_beta, "sigma2_beta"), "A_u": _positive_float(A_u, "A_u"),
         "B_u": _positive_float(B_u, "B_u"), "level": float(level), "accelerate": bool(accelerate),
@@ -240,6 +243,10 @@ def load(path):
     kind = dt.attrs.get("vbsvm_fit_type")
     if kind == "linear":
         return Fit.from_datatree(dt)
+    if kind == "selection":
+        from .selection_fit import SelectionFit
+
+        return SelectionFit.from_datatree(dt)
     if kind == "gpsvm":
         from .gpfit import GPFit
 

@@ -165,7 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--missing", choices=("drop", "impute", "raise"), default="drop",
                    help="rows with missing predictors: drop them (default), impute them in the model, or stop")
     p.add_argument("--level", type=float, default=0.95, metavar="L", help="interval level (default 0.95)")
-    p.add_argument("--out", metavar="FILE.nc", help="save the fit (netCDF; read back with vbsvm.load or arviz.from_netcdf)")
+    p.add_argument("--out", metavar="FILE.nc",
+                   help="save the fit (netCDF; read back with vbsvm.load or arviz.from_netcdf)")
     p.add_argument("--sep", default=",", help="field separator of the CSV file (default ',')")
     _add_sampling(p)
 
@@ -180,10 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-lr", action="store_true", help="skip the linear-response sd of VB fits")
     c.add_argument("--forest", metavar="FILE.png", help="save a forest plot of the fits overlaid")
     c.add_argument("--density", metavar="FILE.png", help="save density plots of the fits overlaid")
-    c.add_argument("--inclusion", metavar="FILE.png", help="save a bar chart of inclusion probabilities (Laplace-zero fits)")
+    c.add_argument("--inclusion", metavar="FILE.png",
+                   help="save a bar chart of inclusion probabilities (Laplace-zero fits)")
 
     # ------------------------------------------------------------------ demo
-    d = sub.add_parser("demo", help="fit the toenail random-intercept SVM by VB and by Gibbs and compare them (start here)",
+    d = sub.add_parser("demo",
+                       help="fit the toenail random-intercept SVM by VB and by Gibbs and compare them (start here)",
                        description=(
                            "Fit the random-intercept SVM of Luts & Ormerod (2014, Section 4.3),\n"
                            f"  {DEMO_FORMULA}   (penalty=None),\n"

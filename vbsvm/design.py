@@ -23,8 +23,12 @@ The formula follows R/patsy conventions, read by :mod:`formulaic`::
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import difflib
+import io
 import keyword
+import pickle
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -36,7 +40,7 @@ from formulaic.errors import FactorEvaluationError, FormulaicError
 
 from .exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
 
-__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS"]
+__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS", "design_to_text", "design_from_text"]
 
 MISSING_ACTIONS = ("drop", "raise", "impute")
 
@@ -67,8 +71,7 @@ class GroupingFactor:
 
     def encode(self, values) -> np.ndarray:
         """Codes of ``values`` in the training levels; -1 for unseen levels."""
-        cat = pd.Categorical(np.asarray(values, dtype=object), categories=self.levels)
-        return np.asarray(cat.codes, dtype=np.int64)
+        return np.asarray(pd.Index(self.levels).get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
 
 
 @dataclass
@@ -360,7 +363,16 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     fixed = _expand_dot(fixed, columns, response, groups)
     rhs_formula = fixed
     try:
-        needed_vars = sorted(formulaic.Formula(rhs_formula).required_variables)
+        needed = set(formulaic.Formula(rhs_formula).required_variables)
+        # formulaic leaves out names that are also its transforms (a column called `cs`, `bs`,
+        # `poly`, `center`, ...): add every column the formula mentions by name.
+        plain = rhs_formula.replace("`", " ")
+        needed |= {c for c in columns if c != response and c not in groups
+                   and re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", plain)}
+        # formulaic reads `cad.dur` as the attribute of `cad`: drop such stems of dotted columns
+        needed -= {v for v in needed if v not in columns and any(c.startswith(v + ".") for c in needed)}
+        # keep the data's column order, so that a saved fit rebuilds 'y ~ .' identically
+        needed_vars = sorted(needed, key=lambda v: (columns.index(v) if v in columns else len(columns), v))
     except FormulaicError as exc:
         raise FormulaError(f"cannot parse the formula {formula!r}: {exc}") from None
     absent = [v for v in needed_vars if v not in columns]
@@ -478,3 +490,50 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         missing=missing,
         spec=spec,
     )
+
+
+# --------------------------------------------------------------------------- serialization
+
+_PICKLE_MODULES = ("formulaic.", "numpy", "pandas", "vbsvm.design")
+_PICKLE_BUILTINS = {"slice", "set", "frozenset", "complex", "range"}
+
+
+class _DesignUnpickler(pickle.Unpickler):
+    """Unpickler that only builds classes of formulaic, numpy, pandas and this module."""
+
+    def find_class(self, module, name):
+        if module == "builtins" and name in _PICKLE_BUILTINS:
+            return super().find_class(module, name)
+        if module.startswith(_PICKLE_MODULES) and not name.startswith("_") or module in (
+                "numpy._core.multiarray", "pandas._libs.arrays", "pandas._libs.internals",
+                "pandas.core.indexes.base"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"a saved design may not refer to {module}.{name}")
+
+
+def design_to_text(design: Design) -> str:
+    """The design without its training rows (formula spec, levels, standardization), as text.
+
+    Used by fits that do not keep their data (e.g. streamed GP fits) to rebuild
+    :meth:`Design.new_X` after :func:`vbsvm.load`.
+    """
+    p = design.p
+    small = dataclasses.replace(design, y=np.zeros(0), X=np.zeros((0, p)), raw=design.raw.iloc[:0],
+                                missing_mask=np.zeros((0, p), bool), row_labels=design.row_labels[:0],
+                                groups=[GroupingFactor(g.name, g.levels, np.zeros(0, np.int64)) for g in design.groups])
+    return base64.b64encode(pickle.dumps(small)).decode("ascii")
+
+
+def design_from_text(text: str) -> Design:
+    """Inverse of :func:`design_to_text`; only formulaic/numpy/pandas classes may be rebuilt."""
+    try:
+        obj = _DesignUnpickler(io.BytesIO(base64.b64decode(text.encode("ascii"), validate=True))).load()
+    except Exception as exc:
+        from .exceptions import FitFileError
+
+        raise FitFileError(f"the saved design cannot be read ({type(exc).__name__}: {exc}).") from None
+    if not isinstance(obj, Design):
+        from .exceptions import FitFileError
+
+        raise FitFileError("the saved design is not a vbsvm Design.")
+    return obj

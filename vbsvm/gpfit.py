@@ -14,13 +14,8 @@ hyperparameters when ``optimize=True``.  ``y ~ . - 1`` (or ``bias=False``) remov
 
 from __future__ import annotations
 
-import base64
 import json
-import math
-import pickle
 import time
-import warnings
-from contextlib import nullcontext
 
 import numpy as np
 import pandas as pd
@@ -29,25 +24,13 @@ from vbsvm.inference.svi import (ArrayBatches, FitState, StreamBatches, fit_batc
 from vbsvm.models.gp import (InducingGP, Kernel, WhitenedGaussian, gibbs_sparse, kernel_from_dict,
                              make_kernel, predictive_prob, select_inducing)
 
-try:
-    from vbsvm.exceptions import ConvergenceWarning, InputError
-except Exception:  # pragma: no cover
-    from vbsvm.models.gp import ConvergenceWarning, InputError
+from vbsvm.design import design_from_text, design_to_text
+from vbsvm.exceptions import InputError
+from vbsvm.inference.threads import limit_blas
 
 __all__ = ["gpsvm", "fit_gp", "GPFit"]
 
 _METHODS = ("svi", "vb", "gibbs")
-
-
-def _threads(m):
-    """Limit BLAS threads to 1 for small matrices: with m of a few hundred the 2-thread
-    OpenBLAS pools of numpy and scipy fight over the cores (measured 4 s vs 66 s for a batch-VB
-    fit with m = 243 on a busy 2-core machine)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        return nullcontext()
-    return threadpool_limits(1) if m <= 1500 else nullcontext()
 
 
 def _check_positive_int(value, name, allow_none=False):
@@ -91,10 +74,13 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
         y = np.asarray(y, dtype=float)
         if X.ndim != 2 or y.shape != (X.shape[0],):
             raise InputError(f"X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
-        if not np.all(np.isin(y, (-1.0, 1.0))):
-            raise InputError("y must be coded -1/+1 (use gpsvm with a formula for other codings)")
-        if not np.all(np.isfinite(X)):
-            raise InputError("X has NaN or infinite values; drop or impute those rows")
+        # validated in row blocks so that no n-sized temporary is allocated
+        for s0 in range(0, X.shape[0], 65536):
+            yb = y[s0:s0 + 65536]
+            if not np.all((yb == 1.0) | (yb == -1.0)):
+                raise InputError("y must be coded -1/+1 (use gpsvm with a formula for other codings)")
+            if not np.all(np.isfinite(X[s0:s0 + 65536])):
+                raise InputError("X has NaN or infinite values; drop or impute those rows")
         n, d = X.shape
         Xk, yk = X, y
     if batch_size is not None:
@@ -122,7 +108,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                              f"choose from {names}")
         mask = np.array([1.0 if nm in learn else 0.0 for nm in names])
     gibbs = None
-    with _threads(blocks.m):
+    with limit_blas(float(blocks.m) ** 3):
         if method == "vb":
             st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
                            tol=tol or (1e-4 if optimize else 1e-8),
@@ -543,7 +529,7 @@ class GPFit:
         attrs = {"vbsvm_fit_type": "gpsvm", "vbsvm_gp_meta": json.dumps(meta, default=str)}
         if self.design is not None:
             d = self.design
-            attrs["design_pickle"] = _pickle_design(d)
+            attrs["design"] = design_to_text(d)
         tree = xr.DataTree.from_dict({"posterior": post, "sample_stats": ss, "vbsvm_state": state})
         tree.attrs.update(attrs)
         return tree
@@ -567,11 +553,8 @@ class GPFit:
                       theta_trace=np.asarray(st["theta_trace"].values), n_iter=meta["n_iter"],
                       converged=meta["converged"], seconds=meta["seconds"], method=meta["method"])
         design = None
-        if "design_pickle" in tree.attrs:
-            try:
-                design = pickle.loads(base64.b64decode(tree.attrs["design_pickle"]))
-            except Exception:  # pragma: no cover
-                design = None
+        if "design" in tree.attrs:
+            design = design_from_text(tree.attrs["design"])
         gd = np.asarray(st["gibbs_v"].values) if "gibbs_v" in st else None
         return cls(fs, meta["method"], meta["n_obs"], meta["n_features"], design=design,
                    formula=meta["formula"], gibbs_draws=gd, settings=meta["settings"])
@@ -586,16 +569,3 @@ def _kernel_label(k):
             nm += "(ARD)"
         out.append(nm)
     return " + ".join(out)
-
-
-def _pickle_design(d):
-    """The formula layer's Design without the training rows (spec, levels, standardization)."""
-    import dataclasses
-
-    try:
-        small = dataclasses.replace(d, y=np.zeros(0), X=np.zeros((0, d.X.shape[1])),
-                                    raw=d.raw.iloc[:0], missing_mask=np.zeros((0, d.X.shape[1]), bool),
-                                    row_labels=d.row_labels[:0])
-        return base64.b64encode(pickle.dumps(small)).decode("ascii")
-    except Exception:  # pragma: no cover
-        return ""

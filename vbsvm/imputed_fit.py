@@ -163,9 +163,7 @@ class ImputedFit(Fit):
 
     # ------------------------------------------------------------------ draws and ArviZ
     def _imputation_rng(self):
-        seed = self.settings.get("seed")
-        if seed is None:
-            return np.random.default_rng()
+        seed = self.settings.get("draw_seed", self.settings.get("seed"))
         return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
 
     def _imputation_draws(self):

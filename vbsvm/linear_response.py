@@ -55,13 +55,23 @@ All pieces are closed form. With :math:`U = C\Sigma` (rows :math:`u_i = \Sigma c
 The augmentation block is diagonal, but its coupling through :math:`\Sigma` (the
 :math:`K\circ K` term — the second moments of :math:`\theta`) is not, so the system is solved
 densely in the :math:`n + K` coordinates of :math:`x`: :math:`O(n^2 q + n^3)` time and
-:math:`O(n^2)` memory. That is instant for a few thousand rows; above ``max_n`` rows
+:math:`O(n^2)` memory: 0.1 s at n = 500, 1-2 s at n = 1908 (toenail); above ``max_n`` rows
 (default 5000) :func:`linear_response` raises rather than exhaust memory.
 
 Checks (``tests/test_linear_response.py``): :math:`\Sigma_{LR}` equals a central finite
-difference of the converged VB mean under the tilt, is symmetric, and equals the exact covariance
-when the model is Gaussian in the limit. Accuracy against Gibbs is measured in
-``benchmarks/vb_vs_gibbs_sim.py``: it is an approximation and is reported as such.
+difference of the converged VB mean under the tilt (relative error < 1e-4; ~1e-6 measured), with
+and without random intercepts, and is symmetric positive definite.
+
+Accuracy against Gibbs (``benchmarks/vb_vs_gibbs_sim.py``, 4 chains x 5000 draws):
+
+* Section 4.2 simulation (n = 500, d = 10, penalty inferred), 5 data sets x 11 coefficients:
+  plain VB sd / Gibbs sd 0.30-0.56 (median 0.49); **LR sd / Gibbs sd 0.87-1.13 (median 0.97)**.
+* Toenail random intercepts (penalty=None): plain VB 0.33-0.50, LR 0.55-0.87. Here mean-field
+  VB also misplaces the means (intercept 2.2 Gibbs sds off) and the random-intercept variance
+  (3.5 against 10.9); LR corrects covariances around the VB solution, not the solution itself.
+
+So: good where the mean-field error is mainly the lost dependence between the coefficients and
+the augmentation variables (penalized linear SVM); partial with random intercepts.
 """
 
 from __future__ import annotations

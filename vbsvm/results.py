@@ -105,6 +105,7 @@ class Fit:
     method: str
     posterior: dict
     info: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -154,7 +155,13 @@ class Fit:
     def coef_table(self, level=None) -> pd.DataFrame:
         """:attr:`coef` at another interval ``level``."""
         level = self._level(level)
-        return self._table(self.layout.fixed, np.arange(self.layout.p), level)
+        table = self._table(self.layout.fixed, np.arange(self.layout.p), level)
+        if self.method == "vb" and self.settings.get("prior") is None and self.settings.get("missing") != "impute":
+            from .linear_response import sd_lr
+
+            # linear-response sd (Giordano et al. 2015): corrects mean-field VB's too-small sds
+            table.insert(2, "sd_lr", sd_lr(self)[: self.layout.p])
+        return table
 
     def ranef(self, level=None) -> dict:
         """Random intercepts: one DataFrame per grouping factor (like ``lme4::ranef``)."""
@@ -197,6 +204,11 @@ class Fit:
         """R-hat (rank-normalized), bulk/tail ESS and MCSE of every parameter (Gibbs only)."""
         if self.method != "gibbs":
             return None
+        if "diagnostics" not in self._cache:
+            self._cache["diagnostics"] = self._compute_diagnostics()
+        return self._cache["diagnostics"].copy()
+
+    def _compute_diagnostics(self) -> pd.DataFrame:
         from arviz_stats import ess, mcse, rhat
 
         post = self._posterior_dataset()
@@ -278,10 +290,11 @@ class Fit:
             sd = np.full(mean.shape, np.nan)
         return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
 
-    def _score_draw_stats(self, dense, sc, chunk=2048):
+    def _score_draw_stats(self, dense, sc):
         draws = self._theta_draws()
         lay = self.layout
         n = dense.shape[0]
+        chunk = max(1, int(4e6 // draws.shape[0]))  # at most ~32 MB of scores at a time
         mean, sd, pos = np.empty(n), np.empty(n), np.empty(n)
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
@@ -342,6 +355,12 @@ class Fit:
         """statsmodels-style summary (``as_text()``, ``as_html()``, ``as_latex()``)."""
         return build_summary(self, self._level(level))
 
+    def prior_description(self):
+        """``(label, text)`` of the prior line in the summary header."""
+        from .summary import penalty_description
+
+        return "Penalty:", penalty_description(self.settings)
+
     def summary_tables(self, level) -> list:
         """Extra ``(title, DataFrame)`` sections of :meth:`summary` (models with more blocks
         override this)."""
@@ -362,7 +381,7 @@ class Fit:
             return None, None
         P = self.posterior
         chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
-        rng = np.random.default_rng(self.settings.get("seed"))
+        rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
         lay = self.layout
         Ld = np.linalg.cholesky(P["theta_cov_dense"] + 1e-300 * np.eye(lay.n_dense))
         z = rng.standard_normal((chains, draws, lay.n_dense))
@@ -490,7 +509,7 @@ def _dataset_to_frame(ds: xr.Dataset) -> pd.DataFrame:
         if kind == "bool":
             cols[name] = v.astype(bool)
         elif kind in ("str", "category"):
-            s = pd.Series([None if x == "\x00NA" else x for x in v.astype(str)], dtype=object)
+            s = np.array([None if x == "\x00NA" else x for x in v.astype(str)], dtype=object)
             if kind == "category":
                 s = pd.Categorical(s, categories=json.loads(da.attrs["categories"]))
             cols[name] = s

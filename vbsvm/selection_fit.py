@@ -25,9 +25,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from .exceptions import InputError
-from .results import Fit, _interval_names
-from .summary import penalty_description
+from .results import Fit
 
 __all__ = ["SelectionFit"]
 
@@ -218,7 +216,7 @@ class SelectionFit(Fit):
         P = self.posterior
         lay = self.layout
         chains, draws = int(self.settings.get("chains", 4)), int(self.settings.get("draws", 1000))
-        rng = np.random.default_rng(self.settings.get("seed"))
+        rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
         qd = lay.n_dense
         Ld = np.linalg.cholesky(P["q_cov_dense"])
         z = rng.standard_normal((chains, draws, qd))
@@ -281,11 +279,9 @@ class SelectionFit(Fit):
                 f"rho={self.rho:g} selected={len(self.selected)}/{len(self.sel_index)}>")
 
     # ------------------------------------------------------------------ summary
-    def summary(self, level=None):
-        """statsmodels-style summary with the prior and the inclusion table (``as_text()``, ...)."""
-        smry = super().summary(level)
-        _replace_cells(smry, {penalty_description(self.settings): self._prior_text(), "Penalty:": "Prior:"})
-        return smry
+    def prior_description(self):
+        """The summary header's prior line: the Laplace-zero prior instead of the penalty."""
+        return "Prior:", self._prior_text()
 
     def summary_tables(self, level) -> list:
         """Extra summary sections: the inclusion table and, for ``rho="auto"``, the ELBO curve."""
@@ -309,20 +305,6 @@ class SelectionFit(Fit):
         m = len(self.sel_index)
         return (f"Laplace-zero, rho = {self.rho:.4g} (expected size {self.rho * m:.3g} of {m}); "
                 f"sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})")
-
-
-def _replace_cells(smry, mapping):
-    """Replace whole cell texts in the tables of a statsmodels Summary (header labels/values)."""
-    for table in getattr(smry, "tables", []):
-        try:
-            rows = list(table)
-        except TypeError:
-            continue
-        for row in rows:
-            for cell in row:
-                data = getattr(cell, "data", None)
-                if isinstance(data, str) and data.strip() in mapping:
-                    cell.data = mapping[data.strip()]
 
 
 def _mixture_quantile(g, m, s, probs):

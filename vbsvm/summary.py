@@ -58,7 +58,8 @@ def _header(fit) -> dict:
         head["Rows dropped (missing):"] = d.n_dropped
     for g in d.groups:
         head[f"Groups ({g.name}):"] = g.n_levels
-    head["Penalty:"] = penalty_description(s)
+    label, text = fit.prior_description()
+    head[label] = text
     head["Standardized:"] = "yes (results on original scale)" if s.get("standardize", True) else "no"
     if fit.method == "vb":
         elbo = fit.posterior["elbo"]

@@ -171,7 +171,8 @@ def summarize(table: pd.DataFrame, settings: str) -> str:
 
     def paired(d):
         se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.nan
-        return f"{d.mean():+.4f} (se {se:.4f}; positive in {np.mean(d > 0):.0%} of splits, zero in {np.mean(d == 0):.0%})"
+        return (f"{d.mean():+.4f} (se {se:.4f}; positive in {np.mean(d > 0):.0%} of splits, "
+                f"zero in {np.mean(d == 0):.0%})")
 
     rhat = table.loc[table["method"] == "gibbs", "max_rhat_beta"]
     lines += ["", "Paired differences of BER (per split):", "",

@@ -215,16 +215,22 @@ def _load_toenail(name, data_home, split):
 def _load_spam(name, data_home, split):
     path = _find_file(name, "spam/spam.csv", data_home)
     df = _snake_columns(_read_csv(path, name, (4601, 58)))
+    if split is None:
+        return _finish(df, name, path)
+    if split not in ("train", "test"):
+        raise ValueError(f"split={split!r} is not valid for 'spam'; use 'train' or 'test' (ESL's split)")
     flag_path = path.with_name("spam_esl_traintest.csv")
     if not flag_path.is_file():
         raise DataNotFoundError(
             f"data set 'spam': found {path} but not {flag_path.name} next to it "
-            "(ESL's train/test indicator, needed for the 'test' column)."
+            "(ESL's train/test indicator, needed for split='train'/'test')."
         )
     flag = _read_csv(flag_path, name, (4601, 1))["test"]
     if not flag.isin([0, 1]).all():
         raise DataFormatError(f"{flag_path}: column 'test' must hold only 0 and 1")
-    df["test"] = flag.to_numpy(dtype=bool)
+    keep = flag.to_numpy(dtype=bool) == (split == "test")
+    df = df.loc[keep]
+    df.attrs["split"] = split
     return _finish(df, name, path)
 
 
@@ -329,11 +335,14 @@ def load(
         environment variable ``VBSVM_DATA`` and then ``shared/data`` next to the
         source checkout are searched, and ``toenail`` comes from the copy
         bundled with the package.
-    split : {"resampled", "original"}, optional
-        Only for ``"usps"``: ``"resampled"`` (default) is the Rasmussen &
+    split : str, optional
+        For ``"usps"``: ``"resampled"`` (default) is the Rasmussen &
         Williams (2006) 3-vs-5 split (767 train, 773 test);
         ``"original"`` is the original USPS/ESL train/test split
         (1214 train, 326 test). Both hold the same kind of columns.
+        For ``"spam"``: ``"train"`` (3065 rows) or ``"test"`` (1536 rows) of
+        ESL's split (``spam_esl_traintest.csv``); the row index keeps the
+        position in the full data set. Default: all 4601 rows.
 
     Returns
     -------
@@ -351,7 +360,8 @@ def load(
     DataFormatError
         If a file does not have the expected number of rows and columns.
     ValueError
-        If `split` is given for a data set other than ``"usps"`` or is not valid.
+        If `split` is given for a data set other than ``"usps"`` and ``"spam"``
+        or is not valid.
 
     Notes
     -----
@@ -364,10 +374,9 @@ def load(
         ``visit`` (1-7), ``y`` (1 if outcome is moderate or severe, else 0;
         408 ones) and ``terbinafine`` (0/1). Example model:
         ``"y ~ time * terbinafine + (1 | patient_id)"``.
-    ``"spam"`` (4601 x 59; HP spambase as in R's kernlab). 57 numeric
-        predictors, ``type`` (``"spam"`` / ``"nonspam"``), and ``test``
-        (bool) **added** from ``spam_esl_traintest.csv``: True for the 1536
-        e-mails of ESL's test set. Drop ``test`` before fitting ``type ~ .``.
+    ``"spam"`` (4601 x 58; HP spambase as in R's kernlab). 57 numeric
+        predictors and ``type`` (``"spam"`` / ``"nonspam"``), so that
+        ``"type ~ ."`` uses every predictor; ESL's train/test split via ``split``.
         Renamed: ``charSemicolon`` -> ``char_semicolon``, ``charRoundbracket``
         -> ``char_roundbracket``, ``charSquarebracket`` -> ``char_squarebracket``,
         ``charExclamation`` -> ``char_exclamation``, ``charDollar`` ->
@@ -410,6 +419,6 @@ def load(
         raise UnknownDatasetError(
             f"unknown data set {name!r}.{hint} Available: {', '.join(names)}."
         )
-    if split is not None and key != "usps":
-        raise ValueError(f"split= applies only to 'usps', not to {key!r}")
+    if split is not None and key not in ("usps", "spam"):
+        raise ValueError(f"split= applies only to 'usps' and 'spam', not to {key!r}")
     return loader(key, data_home, split)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
+from .threads import limit_blas
+
 __all__ = ["GibbsResult", "run_chains", "chain_generators"]
 
 
@@ -42,6 +44,11 @@ def chain_generators(seed, chains):
 
 
 def _run_one(model, rng, draws, tune, thin, record, progress, label):
+    with limit_blas(getattr(model, "blas_work", 0.0)):
+        return _scan(model, rng, draws, tune, thin, record, progress, label)
+
+
+def _scan(model, rng, draws, tune, thin, record, progress, label):
     state = model.gibbs_initial_state(rng)
     kept = {name: [] for name in record}
     total = tune + draws * thin

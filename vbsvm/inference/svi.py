@@ -25,15 +25,14 @@ streamed from an iterator, so nothing of size n is allocated besides the data it
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from vbsvm.models.gp import (InducingGP, WhitenedGaussian, robust_cholesky,
-                             ConvergenceWarning, InputError)
+from vbsvm.exceptions import ConvergenceWarning, InputError
+from vbsvm.models.gp import InducingGP, WhitenedGaussian, robust_cholesky
 
 __all__ = ["AdaptiveStep", "RobbinsMonro", "ConstantStep", "make_step", "Adam",
            "ArrayBatches", "StreamBatches", "FitState", "fit_batch", "fit_svi"]
@@ -349,7 +348,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     tol : float
         Convergence: relative change of the monitor ELBO below ``tol`` for ``patience``
         consecutive checks, and (with ``optimize``) the window averages of the
-        log-hyperparameters moved by less than ``theta_tol`` (default ``20 * tol``) between
+        log-hyperparameters moved by less than ``theta_tol`` (default ``50 * tol``) between
         consecutive check windows (Adam's steps are noisy, so single iterates are not compared).
     check_every : int or None
         Steps between checks (default ``max(20, min(n // batch, 500))``).
@@ -469,7 +468,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
                 dth = 0.0
                 if optimize and prev_theta_mean is not None and th_k > 0:
                     dth = float(np.max(np.abs(th_sum / th_k - prev_theta_mean)))
-                ok = rel < tol and dth < (20 * tol if theta_tol is None else theta_tol)
+                ok = rel < tol and dth < (50 * tol if theta_tol is None else theta_tol)
                 calm = calm + 1 if ok else 0
             elbos.append(val)
             elbo_at.append(t)

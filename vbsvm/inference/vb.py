@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..exceptions import ConvergenceWarning
+from .threads import limit_blas
 
 __all__ = ["VBResult", "coordinate_ascent"]
 
@@ -79,6 +80,11 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
     -------
     VBResult
     """
+    with limit_blas(getattr(model, "blas_work", 0.0)):
+        return _coordinate_ascent(model, tol, max_iter, accelerate, state)
+
+
+def _coordinate_ascent(model, tol, max_iter, accelerate, state):
     start = time.perf_counter()
     x = model.vb_initial_state() if state is None else np.asarray(state, dtype=float)
     x, q, value = model.vb_sweep(x)
@@ -122,7 +128,7 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
             f"{abs(trace[-1] - trace[-2]) / max(abs(trace[-1]), 1.0):.2e} > tol={tol:g}); "
             "increase max_iter or loosen tol.",
             ConvergenceWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     return VBResult(q=q, state=x, elbo=np.asarray(trace), converged=converged, n_sweeps=sweeps,
                     seconds=time.perf_counter() - start, info={"extrapolations_accepted": accepted})

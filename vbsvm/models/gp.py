@@ -100,14 +100,8 @@ from scipy import linalg as sla
 from scipy.linalg.lapack import dtrtri as _dtrtri
 from scipy.special import ndtr
 
-try:  # the shared exception module (lead's)
-    from vbsvm.exceptions import ConvergenceWarning, InputError
-except Exception:  # pragma: no cover - only while the package is being assembled
-    class InputError(ValueError):
-        pass
-
-    class ConvergenceWarning(UserWarning):
-        pass
+from vbsvm.distributions import sample_gig_half
+from vbsvm.exceptions import InputError
 
 
 ALPHA_MIN = 1e-12  # clip of the GIG parameter chi = alpha (E[1/lambda] <= 1e6)
@@ -877,15 +871,6 @@ def predictive_prob(mean, var, normalization: str = "probit"):
 # ---------------------------------------------------------------------------------------------
 # Gibbs sampler of the inducing-point (bound) model
 # ---------------------------------------------------------------------------------------------
-def _gig_half(chi, rng):
-    """Draws of GIG(1/2, 1, chi): 1/lambda ~ InverseGaussian(1/sqrt(chi), 1)."""
-    try:
-        from vbsvm.distributions import sample_gig_half
-        return sample_gig_half(chi, rng)
-    except Exception:
-        return 1.0 / rng.wald(1.0 / np.sqrt(chi), 1.0)
-
-
 def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, thin=1,
                  seed=None, progress=False, init=None):
     """Gibbs sampler: lambda_i | v ~ GIG(1/2, 1, c_i(v)), v | lambda Gaussian (whitened u = L v).
@@ -927,7 +912,7 @@ def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, th
         for t in range(tune + draws * thin):
             f = A @ v
             c = np.maximum((1.0 - y * f) ** 2 + kt, ALPHA_MIN)
-            lam = _gig_half(c, rng)
+            lam = sample_gig_half(c, rng)
             il = 1.0 / lam
             P = A.T @ (A * il[:, None])
             P[np.diag_indices_from(P)] += 1.0

@@ -231,6 +231,8 @@ class LinearSVMModel:
                 PriorComponent(f"sigma2_{name}", "variance", self.group_slices[name], A=A, B=B)
             )
         self.variance_components = [c for c in self.components if c.kind == "variance"]
+        #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
+        self.blas_work = float(n) * self.qd ** 2
 
     # ------------------------------------------------------------------ algebra
     def predictor(self, theta) -> np.ndarray:

@@ -116,7 +116,6 @@ is Appendix B as written. Check ``fit.diagnostics()`` (rows ``gamma[term]``).
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import math
 import warnings
@@ -255,13 +254,9 @@ class LaplaceZeroModel:
         Hold the Laplace mixing variables ``b_k`` at these values (a test device: with
         ``rho = 1`` and ``b = 1`` the model is the ridge-type model of
         :class:`~vbsvm.models.linear.LinearSVMModel` with ``penalty="auto"``).
-    blas_threads : int, None or "auto"
-        BLAS threads during a sweep; ``"auto"``: 1 when ``n q^2 < 1e9`` (every problem where one
-        sweep takes well under a second), else no limit.
     """
 
-    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None,
-                 blas_threads="auto"):
+    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None):
         select = np.asarray(select, dtype=bool)
         fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
         fixed_precision[select] = np.nan
@@ -284,9 +279,7 @@ class LaplaceZeroModel:
         self.fixed_b = None if fixed_b is None else np.broadcast_to(np.asarray(fixed_b, float), (self.m,)).copy()
         self.fixed_index = np.concatenate([c.index for c in base.components if c.kind == "fixed"] or [np.zeros(0, int)]).astype(int)
         self.fixed_tau = base.prior_precision(np.ones(len(self.vcomps)))[self.fixed_index]
-        if blas_threads == "auto":
-            blas_threads = 1 if self.n * self.qd ** 2 < 1e9 else None
-        self.blas_threads = blas_threads
+        self.blas_work = self.base.blas_work  # read by the engines (vbsvm.inference.threads)
 
     def set_rho(self, rho):
         """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
@@ -314,32 +307,6 @@ class LaplaceZeroModel:
         if base.m_sparse:
             return Gram(Gdd, bd, base.Zt @ w, np.asarray(base.Zt @ (Ws * sw[:, None])), base.Zt @ r)
         return Gram(Gdd, bd, np.zeros(0), np.zeros((0, self.qd)), np.zeros(0))
-
-    # ------------------------------------------------------------------ BLAS threads
-    def _threads(self):
-        """Context capping BLAS threads at ``blas_threads`` during a sweep (no-op if None).
-
-        The products here are small (q x q Gram of a tall-skinny matrix): on 2 cores shared with
-        other jobs, two BLAS threads made a spam VB sweep 30 ms instead of 5 ms and a Gibbs sweep
-        at n = 500 10 ms instead of 1 ms (measured). The controller lives per process (Gibbs
-        workers create their own) and is not pickled.
-        """
-        if self.blas_threads is None:
-            return contextlib.nullcontext()
-        ctl = self.__dict__.get("_controller")
-        if ctl is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-            except ImportError:  # optional dependency
-                self.blas_threads = None
-                return contextlib.nullcontext()
-            ctl = self.__dict__["_controller"] = ThreadpoolController()
-        return ctl.limit(limits=self.blas_threads, user_api="blas")
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state.pop("_controller", None)
-        return state
 
     def scaling(self, gamma_sel) -> np.ndarray:
         """Dense vector ``s``: 1 for always-included coordinates, ``gamma_sel`` on the selectable ones."""
@@ -381,10 +348,6 @@ class LaplaceZeroModel:
         return chi, Bq, mu_b, eta
 
     def vb_sweep(self, state):
-        with self._threads():
-            return self._vb_sweep(state)
-
-    def _vb_sweep(self, state):
         """One pass of Algorithm 3 from ``state``; returns ``(new_state, q, elbo)``.
 
         Order as in the paper: q(theta) (lines 2-3); for each k, q(b_k) then q(gamma_k)
@@ -530,10 +493,6 @@ class LaplaceZeroModel:
 
     def gibbs_sweep(self, state, rng):
         """theta | rest; gamma_k | rest one at a time; w | f; b | v, sigma_u; variances | rest."""
-        with self._threads():
-            return self._gibbs_sweep(state, rng)
-
-    def _gibbs_sweep(self, state, rng):
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         s = self.scaling(state["gamma"])
