@@ -581,9 +581,6 @@ def test_vb_draws_reproducible(fits):
 
 @pytest.mark.parametrize("method", ["vb", "gibbs"])
 def test_save_load_round_trip(logdata, method, tmp_path):
-    # integer row labels: results._dataset_to_frame misaligns string columns under a string
-    # index (reported to the lead); the imputed fit itself needs nothing else.
-    logdata = logdata.reset_index(drop=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         fit = vbsvm.svm(FORMULA, data=logdata, method=method, missing="impute", seed=2, draws=100, tune=100,
@@ -598,8 +595,6 @@ def test_save_load_round_trip(logdata, method, tmp_path):
     pd.testing.assert_frame_equal(back.predict(new, kind="score"), fit.predict(new, kind="score"))
 
 
-@pytest.mark.xfail(raises=vbsvm.exceptions.FitFileError, strict=False,
-                   reason="vbsvm.load needs the dispatch line for vbsvm_fit_type == 'imputed' (api.py)")
 def test_vbsvm_load_dispatches(fits, tmp_path):
     path = tmp_path / "fit.nc"
     fits["vb"].save(path)
@@ -761,11 +756,11 @@ def test_map_and_laplace_zero_are_refused(small):
         fit_imputed(design, settings)
 
 
-@pytest.mark.xfail(strict=False, reason="api.svm must refuse prior= with missing='impute' (lead's line)")
 def test_laplace_zero_with_impute_raises_through_svm(small):
+    """svm() sends prior= to the selection model first; it refuses missing='impute' clearly."""
     from vbsvm.priors import LaplaceZero
 
-    with pytest.raises(InputError, match="not supported"):
+    with pytest.raises(InputError, match=r"missing='impute'.*LaplaceZero|LaplaceZero.*missing='impute'"):
         vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", prior=LaplaceZero(rho=0.1))
 
 

@@ -131,7 +131,6 @@ def test_gp_gibbs_and_svi_reproducible():
 
 
 ROUND_TRIP_XFAIL = {
-    "imputation": "vbsvm.load does not dispatch vbsvm_fit_type='imputed' (api.load)",
 }
 
 

@@ -69,7 +69,8 @@ def _dense_transform(design, qd):
 
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
-        tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95):
+        tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
+        sigma2_mu=1e8, Psi=0.01, nu=3.0):
     """Fit a linear Bayesian support vector machine from a formula.
 
     Parameters
@@ -107,6 +108,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         Prior hyperparameters (paper defaults 1e8, 0.01, 0.01).
     level : float
         Interval level of ``coef`` and ``summary()``.
+    sigma2_mu, Psi, nu
+        Imputation-model hyperparameters (``missing="impute"``), on the standardized scale:
+        ``mu ~ N(0, sigma2_mu I)``, ``Sigma ~ IW(Psi, nu)`` with ``Psi`` a number (times I) or a
+        d x d matrix; paper defaults 1e8, 0.01 I, 3.
 
     Returns
     -------
@@ -116,6 +121,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                          draws=draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
                          max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
                          B_u=B_u, level=level, progress=progress, n_jobs=n_jobs)
+    settings.update(sigma2_mu=sigma2_mu, nu=nu,
+                    Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist())
     design = build_design(formula, data, standardize=standardize, missing=missing)
     if prior is not None:
         from .models.selection import fit_laplace_zero
@@ -247,6 +254,10 @@ def load(path):
         from .selection_fit import SelectionFit
 
         return SelectionFit.from_datatree(dt)
+    if kind == "imputed":
+        from .imputed_fit import ImputedFit
+
+        return ImputedFit.from_datatree(dt)
     if kind == "gpsvm":
         from .gpfit import GPFit
 

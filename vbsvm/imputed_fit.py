@@ -240,14 +240,10 @@ class ImputedFit(Fit):
         post.attrs = attrs
         return dt
 
-    def diagnostics(self) -> pd.DataFrame | None:
+    def _compute_diagnostics(self) -> pd.DataFrame:
         """R-hat, bulk/tail ESS and MCSE of every parameter, including ``x_missing``, ``mu``
-        and every entry of ``Sigma`` (Gibbs only)."""
-        if self.method != "gibbs":
-            return None
-        cached = getattr(self, "_diag_cache", None)
-        if cached is not None:
-            return cached.copy()
+        and every entry of ``Sigma`` (variables with several dimensions are named
+        ``Sigma[a, b]``); :meth:`diagnostics` caches it (Gibbs only)."""
         from arviz_stats import ess, mcse, rhat
 
         post = self._posterior_dataset()
@@ -271,9 +267,7 @@ class ImputedFit(Fit):
                 if extra:
                     v = v.transpose(*extra)
                 cols[k].extend(np.atleast_1d(np.asarray(v.values)).ravel().tolist())
-        out = pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
-        object.__setattr__(self, "_diag_cache", out)
-        return out.copy()
+        return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
 
     # ------------------------------------------------------------------ prediction
     def _new_rows(self, newdata):

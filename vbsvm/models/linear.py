@@ -83,11 +83,13 @@ class CoefficientPosterior:
     ``S = A - G^T diag(1/D) G`` is factorized (Cholesky) and everything else is diagonal.
     """
 
-    def __init__(self, model: "LinearSVMModel", w, tau, r):
+    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None):
         Cd = model.Cd
         self.model = model
         qd = model.qd
         A = Cd.T @ (Cd * w[:, None])
+        if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
+            A += extra_precision
         A[np.diag_indices(qd)] += tau[:qd]
         bd = Cd.T @ r
         if model.m_sparse:

@@ -188,40 +188,6 @@ class Pattern:
         return self.miss.size
 
 
-class _ImputedCoefficientPosterior(CoefficientPosterior):
-    """:class:`~vbsvm.models.linear.CoefficientPosterior` with an extra dense precision term.
-
-    VB needs ``E_q[C^T W C] = C~^T W C~ + sum_i w_i Sigma_q(c_i)``; the second term (nonzero only
-    in the imputation-column block) is ``extra``. Same algebra as the parent, with ``A += extra``.
-    """
-
-    def __init__(self, model, w, tau, r, extra):
-        Cd = model.Cd
-        self.model = model
-        qd = model.qd
-        A = Cd.T @ (Cd * w[:, None])
-        A += extra
-        A[np.diag_indices(qd)] += tau[:qd]
-        bd = Cd.T @ r
-        if model.m_sparse:
-            D = model.Zt @ w + tau[qd:]
-            G = model.Zt @ (Cd * w[:, None])
-            br = model.Zt @ r
-            GD = G / D[:, None]
-            S = A - G.T @ GD
-            h = bd - GD.T @ br
-        else:
-            D = np.zeros(0)
-            GD = np.zeros((0, qd))
-            br = np.zeros(0)
-            S, h = A, bd
-        self.L = np.linalg.cholesky(S)
-        self.Linv = np.linalg.solve(self.L, np.eye(qd))
-        self.D, self.GD, self.br = D, GD, br
-        self.mean_dense = self.Linv.T @ (self.Linv @ h)
-        self.mean_sparse = br / D - GD @ self.mean_dense if model.m_sparse else np.zeros(0)
-
-
 class ImputedSVMModel:
     """Blocks of the Bayesian SVM with missing predictors imputed (Algorithm 4, Appendix C).
 
@@ -265,6 +231,8 @@ class ImputedSVMModel:
         self.D0 = np.where(self.mask, 0.0, D)
         self.linear = LinearSVMModel(np.where(np.isnan(X), 0.0, X), y, groups, fixed_precision, A=A, B=B)
         lin = self.linear
+        #: flops of the largest product of a sweep, read by the engines' BLAS thread limit
+        self.blas_work = lin.blas_work
         # the dense coordinates of theta that are not imputation columns (intercept, small factors)
         self.other_dense = np.setdiff1d(np.arange(lin.qd), self.imp_cols)
         # missing cells in row-major order
@@ -426,7 +394,7 @@ class ImputedSVMModel:
         if self.dm:
             mcd = self.imp_cols[self.mcols]
             extra[np.ix_(mcd, mcd)] = S
-        post = _ImputedCoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra)
+        post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra)
         mean = post.mean
         dcov = post.diag_cov()
         covd = post.cov_dense()
