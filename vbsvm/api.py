@@ -12,6 +12,7 @@ import xarray as xr
 from .design import build_design
 from .exceptions import ConvergenceWarning, FitFileError, InputError, InputTypeError
 from .inference.gibbs import run_chains
+from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
 from .models.linear import LinearSVMModel
 from .results import Fit, ThetaLayout
@@ -157,7 +158,7 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
 
 def _fit_linear(design, settings) -> Fit:
     """Fit the linear SVM (penalty inference / random intercepts) by the method in ``settings``."""
-    method, penalty, seed = settings["method"], settings["penalty"], settings["seed"]
+    method, penalty = settings["method"], settings["penalty"]
     fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
     if penalty == "auto":
         fixed_precision[design.penalized] = np.nan
@@ -168,6 +169,17 @@ def _fit_linear(design, settings) -> Fit:
     layout = _layout(model, design)
     M = _dense_transform(design, model.qd)
     info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}
+    with limit_blas(model.blas_work):  # the small products after the fit too
+        posterior = _posterior_on_original_scale(model, settings, M, info)
+    fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    if method == "gibbs":
+        fit._warn_diagnostics()
+    return fit
+
+
+def _posterior_on_original_scale(model, settings, M, info):
+    """Run the method in ``settings`` and return the posterior on the original predictor scale."""
+    method, seed = settings["method"], settings["seed"]
     if method == "vb":
         res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
                                 accelerate=settings["accelerate"])
@@ -200,10 +212,7 @@ def _fit_linear(design, settings) -> Fit:
         theta[: model.qd] = M @ theta[: model.qd]
         posterior = {"theta_mode": theta, "sigma2_mode": sigma2}
         info.update(converged=converged, n_iter=n_iter, seconds=seconds)
-    fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
-    if method == "gibbs":
-        fit._warn_diagnostics()
-    return fit
+    return posterior
 
 
 def _posterior_mode(model: LinearSVMModel, settings):

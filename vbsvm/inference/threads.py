@@ -9,8 +9,9 @@ large enough for threads to pay (``work`` = flops of the largest product, >= 1e9
 """
 
 from contextlib import nullcontext
+from functools import lru_cache
 
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 __all__ = ["limit_blas", "LARGE_WORK"]
 
@@ -18,6 +19,12 @@ __all__ = ["limit_blas", "LARGE_WORK"]
 LARGE_WORK = 1e9
 
 
+@lru_cache(maxsize=1)
+def _controller() -> ThreadpoolController:
+    # Inspecting the loaded BLAS libraries costs ~1 ms; do it once per process.
+    return ThreadpoolController()
+
+
 def limit_blas(work: float):
     """Context manager: one BLAS thread if ``work < LARGE_WORK``, otherwise no change."""
-    return threadpool_limits(limits=1, user_api="blas") if work < LARGE_WORK else nullcontext()
+    return _controller().limit(limits=1, user_api="blas") if work < LARGE_WORK else nullcontext()

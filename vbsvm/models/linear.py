@@ -87,14 +87,16 @@ class CoefficientPosterior:
         Cd = model.Cd
         self.model = model
         qd = model.qd
-        A = Cd.T @ (Cd * w[:, None])
+        sw = np.sqrt(w)
+        Ws = Cd * sw[:, None]
+        A = Ws.T @ Ws  # numpy recognizes X^T X and calls the symmetric rank-k update (half the flops)
         if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
             A += extra_precision
         A[np.diag_indices(qd)] += tau[:qd]
         bd = Cd.T @ r
         if model.m_sparse:
             D = model.Zt @ w + tau[qd:]
-            G = model.Zt @ (Cd * w[:, None])  # (m, qd)
+            G = model.Zt @ (Ws * sw[:, None])  # (m, qd)
             br = model.Zt @ r
             GD = G / D[:, None]
             S = A - G.T @ GD
