@@ -52,22 +52,6 @@ def _check_penalty(penalty):
     return _positive_float(penalty, "penalty")
 
 
-def _layout(model: LinearSVMModel, design) -> ThetaLayout:
-    groups = {}
-    for g in design.groups:
-        groups[g.name] = (g.levels, model.group_slices[g.name])
-    sparse = design.groups[model.sparse_group].name if model.sparse_group is not None else None
-    return ThetaLayout(fixed=list(design.column_names), groups=groups, n_dense=model.qd,
-                       sparse_group=sparse, variances=[c.name for c in model.variance_components])
-
-
-def _dense_transform(design, qd):
-    """Matrix mapping the dense part of theta from the standardized to the original scale."""
-    M = np.eye(qd)
-    M[: design.p, : design.p] = design.to_original()
-    return M
-
-
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
         tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
@@ -166,8 +150,8 @@ def _fit_linear(design, settings) -> Fit:
         fixed_precision[design.penalized] = 4.0 * penalty
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
     model = LinearSVMModel(design.X, design.y, groups, fixed_precision, A=settings["A_u"], B=settings["B_u"])
-    layout = _layout(model, design)
-    M = _dense_transform(design, model.qd)
+    layout = ThetaLayout.from_model(model, design)
+    M = design.to_original(model.qd)
     info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}
     with limit_blas(model.blas_work):  # the small products after the fit too
         posterior = _posterior_on_original_scale(model, settings, M, info)

@@ -144,16 +144,19 @@ class Design:
             mask[self.column_names.index("Intercept")] = False
         return mask
 
-    def to_original(self) -> np.ndarray:
+    def to_original(self, size: int | None = None) -> np.ndarray:
         """Matrix ``T`` with ``beta_original = T @ beta_standardized``.
 
         With ``x_std = (x - center) / scale`` the linear predictor is unchanged by
         ``beta_j -> beta_j / scale_j`` and ``intercept -> intercept - sum_j beta_j center_j / scale_j``.
+        With ``size`` > p, T is padded with the identity (coefficients after the fixed effects,
+        e.g. random intercepts, are not rescaled).
         """
-        T = np.diag(1.0 / self.scale)
+        T = np.eye(self.p if size is None else size)
+        T[: self.p, : self.p] = np.diag(1.0 / self.scale)
         if self.has_intercept:
             k = self.column_names.index("Intercept")
-            T[k, :] -= self.center / self.scale
+            T[k, : self.p] -= self.center / self.scale
             T[k, k] = 1.0
         return T
 

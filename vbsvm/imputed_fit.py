@@ -270,23 +270,9 @@ class ImputedFit(Fit):
         return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
 
     # ------------------------------------------------------------------ prediction
-    def _new_rows(self, newdata):
-        """Dense design rows on the original scale, NaN where predictors are missing."""
-        X = self.design.new_X(newdata, allow_missing=True, standardized=False)
-        lay = self.layout
-        n = X.shape[0]
-        dense = np.zeros((n, lay.n_dense))
-        dense[:, : lay.p] = X
-        codes = self.design.new_group_codes(newdata) if lay.groups else []
-        sparse_codes = None
-        for g, c in zip(self.design.groups, codes):
-            levels, ix = lay.groups[g.name]
-            if g.name == lay.sparse_group:
-                sparse_codes = c
-            else:
-                seen = c >= 0
-                dense[np.flatnonzero(seen), ix[c[seen]]] = 1.0
-        return dense, sparse_codes
+    def _new_rows(self, newdata, allow_missing=True):
+        """As :meth:`Fit._new_rows`, keeping rows with missing predictors (NaN entries)."""
+        return super()._new_rows(newdata, allow_missing=allow_missing)
 
     def _patterns(self, dense):
         """Groups of rows of ``dense`` sharing a missingness pattern among the imputation columns."""

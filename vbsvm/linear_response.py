@@ -320,8 +320,7 @@ def lr_covariance(model: LinearSVMModel, post: CoefficientPosterior, *, max_n: i
 def _to_original(fit, cov_std, model):
     """Map a (q, q) covariance from the standardized model coordinates to the fit's layout."""
     design = fit.design
-    T = np.eye(model.q)
-    T[: design.p, : design.p] = design.to_original()
+    T = design.to_original(model.q)
     return T @ cov_std @ T.T
 
 

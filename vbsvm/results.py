@@ -58,6 +58,16 @@ class ThetaLayout:
     sparse_group: str | None
     variances: list
 
+    @classmethod
+    def from_model(cls, model, design, variances=None) -> "ThetaLayout":
+        """The layout of a :class:`~vbsvm.models.linear.LinearSVMModel` built from ``design``."""
+        groups = {g.name: (g.levels, model.group_slices[g.name]) for g in design.groups}
+        sparse = design.groups[model.sparse_group].name if model.sparse_group is not None else None
+        if variances is None:
+            variances = [c.name for c in model.variance_components]
+        return cls(fixed=list(design.column_names), groups=groups, n_dense=model.qd,
+                   sparse_group=sparse, variances=list(variances))
+
     @property
     def p(self) -> int:
         return len(self.fixed)
@@ -247,8 +257,10 @@ class Fit:
             )
 
     # ------------------------------------------------------------------ prediction
-    def _new_rows(self, newdata):
-        X = self.design.new_X(newdata, standardized=False)
+    def _new_rows(self, newdata, allow_missing=False):
+        """Dense design rows (fixed effects and the smaller factors' indicators) on the original
+        scale, and the codes of the largest factor (-1 for unseen levels)."""
+        X = self.design.new_X(newdata, standardized=False, allow_missing=allow_missing)
         lay = self.layout
         n = X.shape[0]
         dense = np.zeros((n, lay.n_dense))

@@ -232,8 +232,7 @@ class SelectionFit(Fit):
         theta = np.concatenate(parts, axis=-1)
         gamma = (rng.random((chains, draws, self.sel_index.size)) < P["q_gamma"]).astype(np.int8)
         theta[..., self.sel_index] *= gamma
-        M = np.eye(qd)
-        M[: lay.p, : lay.p] = self.design.to_original()
+        M = self.design.to_original(qd)
         theta[..., :qd] = theta[..., :qd] @ M.T
         sig = np.empty((chains, draws, len(lay.variances)))
         for k in range(len(lay.variances)):

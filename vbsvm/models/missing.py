@@ -621,21 +621,6 @@ def _hyperparameters(settings, d):
     return float(sigma2_mu), Psi_m, float(nu)
 
 
-def _layout(model: LinearSVMModel, design):
-    from ..results import ThetaLayout
-
-    groups = {g.name: (g.levels, model.group_slices[g.name]) for g in design.groups}
-    sparse = design.groups[model.sparse_group].name if model.sparse_group is not None else None
-    return ThetaLayout(fixed=list(design.column_names), groups=groups, n_dense=model.qd,
-                       sparse_group=sparse, variances=[c.name for c in model.variance_components])
-
-
-def _dense_transform(design, qd):
-    M = np.eye(qd)
-    M[: design.p, : design.p] = design.to_original()
-    return M
-
-
 # --------------------------------------------------------------------------- the fit
 def fit_imputed(design, settings):
     """Fit the Bayesian SVM with missing predictors imputed in the model.
@@ -677,8 +662,10 @@ def fit_imputed(design, settings):
     model = ImputedSVMModel(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
                             B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
     lin = model.linear
-    layout = _layout(lin, design)
-    M = _dense_transform(design, lin.qd)
+    from ..results import ThetaLayout
+
+    layout = ThetaLayout.from_model(lin, design)
+    M = design.to_original(lin.qd)
     center, scale = design.center[imp], design.scale[imp]
     cc = model.cell_cols
     names = [design.column_names[j] for j in imp]

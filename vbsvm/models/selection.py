@@ -573,12 +573,8 @@ def fit_laplace_zero(design, settings, prior):
     model = LaplaceZeroModel(design.X, design.y, groups, select, rho if rho != "auto" else prior.rho_grid[0],
                              sigma2_beta=settings["sigma2_beta"], A=settings["A_u"], B=settings["B_u"])
     base = model.base
-    gnames = {g.name: (g.levels, base.group_slices[g.name]) for g in design.groups}
-    sparse = design.groups[base.sparse_group].name if base.sparse_group is not None else None
-    layout = ThetaLayout(fixed=list(design.column_names), groups=gnames, n_dense=base.qd,
-                         sparse_group=sparse, variances=[c.name for c in model.vcomps])
-    M = np.eye(base.qd)
-    M[: design.p, : design.p] = design.to_original()
+    layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
+    M = design.to_original(base.qd)
     info = {"model": "Bayesian linear SVM with Laplace-zero selection"
                      + (" and random intercepts" if design.groups else ""),
             "n_selectable": m,
