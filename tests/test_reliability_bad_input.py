@@ -64,12 +64,6 @@ def _nan_at(col, i=3, value=np.nan):
     return df
 
 
-MESSAGE_XFAIL = {
-    "formula_empty_rhs": "message names the formula but gives no fix (design.build_design)",
-    "unknown_predictor": "message gives no fix when no column name is close (design.build_design)",
-    "all_rows_incomplete": "message gives no fix (design.build_design)",
-}
-
 # ------------------------------------------------------------------------------- svm(): data & formula
 CASES = {
     "data_dict": lambda: (*svm_case(data=DF.to_dict("list")), InputTypeError, r"\bdata\b", FIX),
@@ -181,11 +175,6 @@ def _newdata_unseen_level():
     return df
 
 
-FIT_XFAIL = {
-    "predict_unseen_level": "the message quotes formulaic's text and the level but not the column 'sex' "
-                            "(design.Design.new_X)",
-}
-
 FIT_CASES = {
     "predict_unseen_level": lambda df: (("predict",), (_newdata_unseen_level(),), {}, InputError, r"'sex'", FIX),
     "predict_missing_column": lambda df: (("predict",), (df.drop(columns="x"),), {}, InputError, r"'x'", FIX),
@@ -254,12 +243,6 @@ def _file_case(kind, tmp_path, fitted_pair):
 LOAD_CASES = ["missing_file", "directory", "text_file", "empty_file", "foreign_netcdf", "truncated_fit",
               "garbled_fit", "fit_without_settings", "fit_unknown_type", "fit_bad_layout_json",
               "gp_type_without_meta", "pickle_file"]
-LOAD_XFAIL = {
-    "fit_unknown_type": "load says the file has no 'vbsvm_fit_type' attribute when it has an unknown one",
-    "gp_type_without_meta": "GPFit.from_datatree lets KeyError escape: vbsvm.load must wrap it in FitFileError",
-}
-
-
 # ------------------------------------------------------------------------------- the tests
 def _check_raises(fn, args, kwargs, exc, name_re, fix_re):
     before = fingerprint((args, kwargs))
@@ -278,16 +261,14 @@ def _check_raises(fn, args, kwargs, exc, name_re, fix_re):
     return msg
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=MESSAGE_XFAIL[c]))
-                                  if c in MESSAGE_XFAIL else c for c in CASES])
+@pytest.mark.parametrize("case", CASES)
 def test_bad_input_svm(case):
     fn, args, kwargs, exc, name_re, fix_re = CASES[case]()
     msg = _check_raises(fn, args, kwargs, exc, name_re, fix_re)
     print(f"[bad-input] {case}: {exc.__name__}: {msg}")
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=FIT_XFAIL[c]))
-                                  if c in FIT_XFAIL else c for c in FIT_CASES])
+@pytest.mark.parametrize("case", FIT_CASES)
 def test_bad_input_fit_methods(case, fitted):
     fit, df = fitted
     (meth,), args, kwargs, exc, name_re, fix_re = FIT_CASES[case](df)
@@ -297,8 +278,7 @@ def test_bad_input_fit_methods(case, fitted):
     print(f"[bad-input] {case}: {msg}")
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=LOAD_XFAIL[k]))
-                                  if k in LOAD_XFAIL else k for k in LOAD_CASES])
+@pytest.mark.parametrize("kind", LOAD_CASES)
 def test_bad_input_load(kind, tmp_path, fitted):
     path, exc, name_re = _file_case(kind, tmp_path, fitted)
     before = open(path, "rb").read() if os.path.isfile(path) else None
@@ -369,16 +349,7 @@ GP_CASES = {
     "gp_lengthscale_negative": ({"lengthscale": -1.0}, r"lengthscale"),
     "gp_variance_zero": ({"variance": 0.0}, r"variance"),
 }
-GP_XFAIL = {
-    "gp_draws_zero": "fit_gp does not validate draws: draws=0 returns a fit whose predictions are NaN",
-    "gp_chains_zero": "fit_gp does not validate chains: chains=0 returns a fit whose predictions are NaN",
-    "gp_tune_negative": "fit_gp does not validate tune",
-    "gp_thin_zero": "fit_gp does not validate thin: thin=0 returns uninitialized memory (np.empty) as draws",
-}
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=GP_XFAIL[c]))
-                                  if c in GP_XFAIL else c for c in GP_CASES])
+@pytest.mark.parametrize("case", GP_CASES)
 def test_bad_input_gpsvm(case):
     from vbsvm.gpfit import gpsvm
 

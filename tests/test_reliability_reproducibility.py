@@ -130,13 +130,8 @@ def test_gp_gibbs_and_svi_reproducible():
     assert not np.array_equal(s1.elbo, s3.elbo)
 
 
-ROUND_TRIP_XFAIL = {
-}
-
-
 @pytest.mark.parametrize("method", ["vb", "gibbs"])
-@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=ROUND_TRIP_XFAIL[m]))
-                                   if m in ROUND_TRIP_XFAIL else m for m in MODELS])
+@pytest.mark.parametrize("model", MODELS)
 def test_save_load_round_trip_reproduces_predictions(model, method, tmp_path):
     fit = _fit(model, method=method)
     path = tmp_path / "fit.nc"

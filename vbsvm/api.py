@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from .design import build_design
-from .exceptions import ConvergenceWarning, FitFileError, InputError, InputTypeError
+from .exceptions import ConvergenceWarning, DiagnosticWarning, FitFileError, InputError, InputTypeError
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
@@ -109,6 +109,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     settings.update(sigma2_mu=sigma2_mu, nu=nu,
                     Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist())
     design = build_design(formula, data, standardize=standardize, missing=missing)
+    warn_about_data(design, separability=settings["penalty"] is None)
     if prior is not None:
         from .models.selection import fit_laplace_zero
         return fit_laplace_zero(design, settings, prior)
@@ -116,6 +117,70 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         from .models.missing import fit_imputed
         return fit_imputed(design, settings)
     return _fit_linear(design, settings)
+
+
+def _names(cols, k=8):
+    return f"{cols[:k]}" + (f" and {len(cols) - k} more" if len(cols) > k else "")
+
+
+def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
+    """Issue :class:`DiagnosticWarning` for properties of the data the user should know about.
+
+    * **non-identified columns**: the fixed-effect design (complete rows) is rank deficient —
+      duplicated or collinear columns, or fewer rows than columns; the likelihood cannot tell
+      the named columns' effects apart and the prior decides how they are shared;
+    * **separable data** (when ``separability``; :func:`svm` asks for it with ``penalty=None``,
+      where it matters and costs an LP, skipped above ``max_lp_size = n * p``): some theta puts
+      every point beyond the margin; the hinge pseudo-likelihood is then flat in that direction
+      and the size of the coefficients is set by the vague prior;
+    * a grouping factor with **a single level** (confounded with the intercept) or with **one
+      row per level** (its intercepts can absorb every point).
+    """
+    X = design.X[~np.isnan(design.X).any(axis=1)]
+    names = list(design.column_names)
+    n, p = X.shape
+    if n and p:
+        if n < p:
+            warnings.warn(
+                f"the fixed-effect design has fewer complete rows ({n}) than columns ({p}): the "
+                "coefficients are not identified by the data (rank deficient) and the prior/penalty "
+                "decides them; keep penalty='auto' (or a fixed penalty) rather than penalty=None.",
+                DiagnosticWarning, stacklevel=3)
+        else:
+            _, s, vt = np.linalg.svd(X, full_matrices=False)
+            null = vt[s <= s[0] * max(n, p) * 1e-12]
+            if null.size:
+                cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-8)]
+                warnings.warn(
+                    f"design columns {_names(cols)} are linearly dependent (duplicated or collinear, "
+                    f"rank {p - len(null)} < {p}): the data cannot tell their effects apart and the "
+                    "prior decides how they are shared; remove the redundant column(s) from the formula.",
+                    DiagnosticWarning, stacklevel=3)
+        if separability and n * p <= max_lp_size:
+            from scipy.optimize import linprog
+
+            res = linprog(np.zeros(p), A_ub=-(design.y[~np.isnan(design.X).any(axis=1), None] * X),
+                          b_ub=-np.ones(n), bounds=(None, None), method="highs")
+            if res.status == 0:
+                warnings.warn(
+                    "the data are linearly separable by the fixed effects (every point can be put "
+                    "beyond the margin): the hinge pseudo-likelihood is flat along the separating "
+                    "direction, so the size of the coefficients is set by the prior (very large "
+                    "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
+                    "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
+    for g in design.groups:
+        counts = np.bincount(g.codes, minlength=g.n_levels)
+        if g.n_levels == 1:
+            warnings.warn(
+                f"grouping factor '{g.name}' has a single level: its random intercept is confounded "
+                f"with the intercept and sigma2_{g.name} is determined by its prior; remove "
+                f"(1 | {g.name}) from the formula.", DiagnosticWarning, stacklevel=3)
+        elif np.all(counts == 1):
+            warnings.warn(
+                f"every level of grouping factor '{g.name}' has one row: its random intercepts can "
+                f"put every point beyond the margin, so sigma2_{g.name} and the coefficients are "
+                f"driven by the priors; remove (1 | {g.name}) or use a coarser grouping.",
+                DiagnosticWarning, stacklevel=3)
 
 
 def _settings(formula, *, method, penalty, missing, standardize, draws, tune, chains, thin, seed, tol,
@@ -255,4 +320,9 @@ def load(path):
         from .gpfit import GPFit
 
         return GPFit.from_datatree(dt)
-    raise FitFileError(f"{path!r} is a netCDF file but not a vbsvm fit (no 'vbsvm_fit_type' attribute).")
+    if kind is None:
+        raise FitFileError(f"{path!r} is a netCDF file but not a vbsvm fit (no 'vbsvm_fit_type' attribute).")
+    from . import __version__
+
+    raise FitFileError(f"{path!r} is a vbsvm file of type {kind!r}, which vbsvm {__version__} cannot read; "
+                       "upgrade vbsvm or refit the model.")

@@ -183,6 +183,15 @@ class Design:
                 f"newdata lacks the column(s) {absent} that the formula {self.formula!r} uses; "
                 "pass a frame with the same predictor columns as the training data."
             )
+        for c in needed:
+            if c in self.raw.columns and not pd.api.types.is_numeric_dtype(self.raw[c]):
+                seen = set(pd.unique(self.raw[c].dropna()).tolist())
+                unseen = sorted({v for v in pd.unique(newdata[c].dropna()).tolist() if v not in seen}, key=str)
+                if unseen:
+                    raise InputError(
+                        f"newdata column {c!r} has level(s) {unseen[:10]} not seen in the training data "
+                        f"(known: {sorted(seen, key=str)[:10]}); map them to a known level or drop those rows."
+                    )
         mask = _missing_mask(newdata, needed)
         if mask.any() and not allow_missing:
             bad = [c for c in needed if newdata[c].isna().any()]
@@ -429,7 +438,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         detail = "; ".join(
             f"{v!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for v, h in hints.items()
         )
-        raise FormulaError(f"the formula uses name(s) that are not columns of data: {detail}.")
+        shown = "" if all(hints.values()) else f" The columns are {columns[:20]}{' ...' if len(columns) > 20 else ''}."
+        raise FormulaError(f"the formula uses name(s) that are not columns of data: {detail}.{shown} "
+                           "Use column names (backquote names with spaces: `my var`).")
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
     raw = data[used].copy()
@@ -458,7 +469,11 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         n_dropped = int(drop.sum())
         raw = raw.loc[~drop]
     if len(raw) == 0:
-        raise InputError("no complete rows remain after removing rows with missing values.")
+        raise InputError(
+            "no complete rows remain after removing rows with missing values (missing values per "
+            f"column: { {c: int(data[c].isna().sum()) for c in used if data[c].isna().any()} }); use "
+            "missing='impute' to model them, or fill or drop the mostly-missing column(s)."
+        )
 
     y, neg, pos = _code_response(raw[response], response)
     if plain is not None:
@@ -487,7 +502,10 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         )
     has_intercept = "Intercept" in names
     if X.shape[1] == 0:
-        raise FormulaError(f"the formula {formula!r} has no fixed effects and no intercept.")
+        raise FormulaError(
+            f"the formula {formula!r} has no fixed effects and no intercept; add a predictor or "
+            "keep the intercept (drop '- 1' / '+ 0')."
+        )
 
     mask = np.isnan(X)
     # formulaic codes a missing categorical as its own level: take the mask from raw columns.

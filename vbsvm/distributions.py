@@ -260,6 +260,8 @@ def _log_kve(nu, z):
     """
     nu, z = np.broadcast_arrays(np.asarray(nu, dtype=np.float64),
                                 np.asarray(z, dtype=np.float64))
+    # K_nu is even and smooth in nu; scipy's kve returns NaN for subnormal orders
+    nu = np.where(np.abs(nu) < np.finfo(np.float64).tiny, 0.0, nu)
     with np.errstate(all="ignore"):
         out = np.log(sc.kve(nu, z))
         bad = ~np.isfinite(out)

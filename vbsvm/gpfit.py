@@ -58,6 +58,11 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     """
     if method not in _METHODS:
         raise InputError(f"method={method!r} is not known; use one of {_METHODS}")
+    draws = _check_positive_int(draws, "draws")
+    chains = _check_positive_int(chains, "chains")
+    thin = _check_positive_int(thin, "thin")
+    if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
+        raise InputError(f"tune must be a non-negative integer, got {tune!r}")
     rng = np.random.default_rng(seed)
     streaming = callable(X)
     if streaming:
@@ -542,6 +547,17 @@ class GPFit:
     @classmethod
     def from_datatree(cls, tree):
         """Rebuild a fit from :meth:`to_arviz` / :meth:`save` output."""
+        from vbsvm.exceptions import FitFileError
+
+        try:
+            return cls._from_datatree(tree)
+        except FitFileError:
+            raise
+        except Exception as exc:  # KeyError, ValueError, TypeError from an incomplete or foreign file
+            raise FitFileError(f"the file is not a complete vbsvm GP fit ({type(exc).__name__}: {exc}).") from None
+
+    @classmethod
+    def _from_datatree(cls, tree):
         meta = json.loads(tree.attrs["vbsvm_gp_meta"])
         st = tree["vbsvm_state"].to_dataset()
         kern = kernel_from_dict(meta["kernel"])
