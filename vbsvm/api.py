@@ -147,10 +147,13 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                 "decides them; keep penalty='auto' (or a fixed penalty) rather than penalty=None.",
                 DiagnosticWarning, stacklevel=3)
         else:
-            _, s, vt = np.linalg.svd(X, full_matrices=False)
-            null = vt[s <= s[0] * max(n, p) * 1e-12]
+            # eigen-decomposition of the p x p Gram (cheaper than an SVD of X): eigenvalues below
+            # 1e-11 of the largest (condition number of X above ~3e5) mark dependent columns
+            with limit_blas(float(n) * p * p):
+                evals, evecs = np.linalg.eigh(X.T @ X)
+            null = evecs[:, evals <= evals[-1] * 1e-11].T
             if null.size:
-                cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-8)]
+                cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-6)]
                 warnings.warn(
                     f"design columns {_names(cols)} are linearly dependent (duplicated or collinear, "
                     f"rank {p - len(null)} < {p}): the data cannot tell their effects apart and the "
