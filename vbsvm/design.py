@@ -567,15 +567,16 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
 
 # --------------------------------------------------------------------------- serialization
 
-_PICKLE_MODULES = ("formulaic.", "numpy", "pandas", "vbsvm.design")
+_PICKLE_MODULES = ("formulaic.", "numpy", "pandas")
 _PICKLE_BUILTINS = {"slice", "set", "frozenset", "complex", "range"}
+_PICKLE_OWN = {"Design", "GroupingFactor", "_PlainSpec"}
 
 
 class _DesignUnpickler(pickle.Unpickler):
     """Unpickler that only builds classes of formulaic, numpy, pandas and this module."""
 
     def find_class(self, module, name):
-        if module == "builtins" and name in _PICKLE_BUILTINS:
+        if (module == "builtins" and name in _PICKLE_BUILTINS) or (module == __name__ and name in _PICKLE_OWN):
             return super().find_class(module, name)
         if module.startswith(_PICKLE_MODULES) and not name.startswith("_") or module in (
                 "numpy._core.multiarray", "pandas._libs.arrays", "pandas._libs.internals",
