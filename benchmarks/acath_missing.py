@@ -36,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import vbsvm  # noqa: E402
 from vbsvm.design import build_design  # noqa: E402
 from vbsvm.exceptions import DiagnosticWarning  # noqa: E402
-from vbsvm.inference.vb import coordinate_ascent  # noqa: E402
 from vbsvm.models.missing import ImputedSVMModel, imputation_columns  # noqa: E402
 
 FORMULA = "sigdz ~ age + sex + np.log(cad_dur + 1) + np.log(choleste)"
@@ -115,8 +114,7 @@ def main(argv=None):
 
     # 3. VB vs Gibbs ------------------------------------------------------------------
     design = vb.design
-    scale = design.scale
-    T = np.linalg.inv(design.to_original())  # original -> standardized coefficients
+    T = np.linalg.inv(design.to_original())  # original -> standardized coefficients (p x p, a report)
     draws_orig = gb._theta_draws()[:, : design.p]
     draws_std = draws_orig @ T.T
     vb_mean_std = T @ vb.coef["mean"].to_numpy()

@@ -42,20 +42,6 @@ from vbsvm.priors import LaplaceZero
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def load_spam():
-    """The spam frame; ``cs`` is renamed only if vbsvm's design still drops it (a formulaic
-    transform of that name shadows the column; see the report). Returns the frame and the map
-    from the column names used back to the data set's names."""
-    spam = vbsvm.datasets.load("spam")
-    try:
-        vbsvm.svm("type ~ cs", spam.drop(columns="test"), max_iter=2)
-        return spam, {}
-    except TypeError:
-        warnings.warn("vbsvm.design drops the column 'cs' (formulaic's spline transform 'cs'); "
-                      "renaming it to 'cs_' for this run.", stacklevel=2)
-        return spam.rename(columns={"cs": "cs_"}), {"cs_": "cs"}
-
-
 def ber(y_true, y_pred, positive):
     pos = y_true == positive
     return 0.5 * (np.mean(y_pred[pos] != positive) + np.mean(y_pred[~pos] == positive))
@@ -76,8 +62,8 @@ def indicator_diagnostics(fit):
     return pd.DataFrame({"ess_bulk": e, "r_hat": r}, index=fit.selectable)
 
 
-def spam_full(spam, names, args, out):
-    data = spam.drop(columns="test")
+def spam_full(spam, args, out):
+    data = spam
     prior = LaplaceZero(rho=0.01)
     times = []
     for _ in range(3):
@@ -101,7 +87,6 @@ def spam_full(spam, names, args, out):
     diag = indicator_diagnostics(gb)
     inc_vb, inc_gb = vb.inclusion(), gb.inclusion()
     table = pd.DataFrame({"p_vb": inc_vb["p_include"], "p_gibbs": inc_gb["p_include"]}).join(diag)
-    table.index = [names.get(i, i) for i in table.index]
     table = table.sort_values("p_gibbs", ascending=False)
     sel_vb = set(table.index[table["p_vb"] > 0.5])
     sel_gb = set(table.index[table["p_gibbs"] > 0.5])
@@ -156,9 +141,9 @@ def simulated_auc(args, out):
               f"false positives in the median model: mean {np.mean(fp[m]):.2f}")
 
 
-def esl_ber(spam, names, args, out):
-    train = spam.loc[~spam["test"]].drop(columns="test")
-    test = spam.loc[spam["test"]].drop(columns="test")
+def esl_ber(args, out):
+    train = vbsvm.datasets.load("spam", split="train")
+    test = vbsvm.datasets.load("spam", split="test")
     y = test["type"].to_numpy()
     rows = {}
     draws, tune = (5000, 5000) if not args.quick else (500, 500)
@@ -195,14 +180,13 @@ def main():
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
                        "loadavg_at_start": os.getloadavg(), "vbsvm": vbsvm.__version__},
            "quick": args.quick}
-    spam, names = load_spam()
-    out["cs_renamed"] = bool(names)
+    spam = vbsvm.datasets.load("spam")
     if "spam" not in args.skip:
-        spam_full(spam, names, args, out)
+        spam_full(spam, args, out)
     if "auc" not in args.skip:
         simulated_auc(args, out)
     if "esl" not in args.skip:
-        esl_ber(spam, names, args, out)
+        esl_ber(args, out)
     out["machine"]["loadavg_at_end"] = os.getloadavg()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / ("spam_selection_quick.json" if args.quick else "spam_selection.json")
