@@ -14,7 +14,7 @@ from .exceptions import ConvergenceWarning, DiagnosticWarning, FitFileError, Inp
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
-from .models.linear import LinearSVMModel
+from .models.linear import LinearSVMModel, fixed_effect_precision
 from .results import Fit, ThetaLayout
 
 __all__ = ["svm", "load"]
@@ -211,11 +211,7 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
 def _fit_linear(design, settings) -> Fit:
     """Fit the linear SVM (penalty inference / random intercepts) by the method in ``settings``."""
     method, penalty = settings["method"], settings["penalty"]
-    fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
-    if penalty == "auto":
-        fixed_precision[design.penalized] = np.nan
-    elif penalty is not None:
-        fixed_precision[design.penalized] = 4.0 * penalty
+    fixed_precision = fixed_effect_precision(design, penalty, settings["sigma2_beta"])
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
     model = LinearSVMModel(design.X, design.y, groups, fixed_precision, A=settings["A_u"], B=settings["B_u"])
     layout = ThetaLayout.from_model(model, design)

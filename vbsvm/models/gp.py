@@ -314,10 +314,8 @@ class Matern52(_Stationary):
         return -(5.0 / 6.0) * (1.0 + math.sqrt(5.0) * r) * np.exp(-math.sqrt(5.0) * r)
 
 
-class Linear(Kernel):
-    r"""Linear kernel :math:`\sigma^2 x^\top x'` (the linear SVM in dual form)."""
-
-    name = "linear"
+class _VarianceOnly(Kernel):
+    """A kernel whose only hyperparameter is a variance (stored as its log)."""
 
     def __init__(self, variance=1.0):
         if not (np.isfinite(variance) and variance > 0):
@@ -330,6 +328,15 @@ class Linear(Kernel):
 
     def param_names(self):
         return [f"{self.name}.variance"]
+
+    def to_dict(self):
+        return {"type": type(self).__name__, "variance": self.variance}
+
+
+class Linear(_VarianceOnly):
+    r"""Linear kernel :math:`\sigma^2 x^\top x'` (the linear SVM in dual form)."""
+
+    name = "linear"
 
     def __call__(self, X1, X2=None):
         X2 = X1 if X2 is None else X2
@@ -348,26 +355,11 @@ class Linear(Kernel):
     def grad_X2(self, X1, X2, G):
         return self.variance * (G.T @ np.asarray(X1, float))
 
-    def to_dict(self):
-        return {"type": "Linear", "variance": self.variance}
 
-
-class Constant(Kernel):
+class Constant(_VarianceOnly):
     r"""Constant kernel :math:`\sigma_b^2`: a random intercept :math:`b \sim N(0, \sigma_b^2)`."""
 
     name = "bias"
-
-    def __init__(self, variance=1.0):
-        if not (np.isfinite(variance) and variance > 0):
-            raise InputError(f"variance must be positive and finite, got {variance!r}")
-        self._theta = np.array([math.log(variance)])
-
-    @property
-    def variance(self):
-        return float(np.exp(self._theta[0]))
-
-    def param_names(self):
-        return [f"{self.name}.variance"]
 
     def __call__(self, X1, X2=None):
         X2 = X1 if X2 is None else X2
@@ -384,9 +376,6 @@ class Constant(Kernel):
 
     def grad_X2(self, X1, X2, G):
         return np.zeros(np.shape(X2))
-
-    def to_dict(self):
-        return {"type": "Constant", "variance": self.variance}
 
 
 class Sum(Kernel):

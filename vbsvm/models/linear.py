@@ -50,9 +50,21 @@ import scipy.sparse as sp
 from ..distributions import InverseGamma
 from . import hinge
 
-__all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior"]
+__all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision"]
 
 LOG_2PI = np.log(2.0 * np.pi)
+
+
+def fixed_effect_precision(design, penalty, sigma2_beta) -> np.ndarray:
+    """Prior precision of each fixed effect: ``1/sigma2_beta`` for the intercept (and for all
+    with ``penalty=None``), ``4 alpha`` with a fixed penalty, NaN where ``sigma2_u`` is inferred
+    (``penalty="auto"``)."""
+    precision = np.full(design.p, 1.0 / sigma2_beta)
+    if penalty == "auto":
+        precision[design.penalized] = np.nan
+    elif penalty is not None:
+        precision[design.penalized] = 4.0 * penalty
+    return precision
 
 
 @dataclass

@@ -94,7 +94,7 @@ from scipy.special import multigammaln
 from ..distributions import Gaussian, InverseWishart
 from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel
+from .linear import CoefficientPosterior, LinearSVMModel, fixed_effect_precision
 
 __all__ = ["ImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
            "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
@@ -652,12 +652,7 @@ def fit_imputed(design, settings):
     check_imputable(design)
     imp = imputation_columns(design)
     sigma2_mu, Psi, nu = _hyperparameters(settings, imp.size)
-    penalty = settings["penalty"]
-    fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
-    if penalty == "auto":
-        fixed_precision[design.penalized] = np.nan
-    elif penalty is not None:
-        fixed_precision[design.penalized] = 4.0 * penalty
+    fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
     model = ImputedSVMModel(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
                             B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
