@@ -14,7 +14,7 @@ from .exceptions import ConvergenceWarning, DiagnosticWarning, FitFileError, Inp
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
-from .models.linear import LinearSVMModel, fixed_effect_precision
+from .models.linear import LinearSVMModel
 from .results import Fit, ThetaLayout
 
 __all__ = ["svm", "load"]
@@ -210,10 +210,8 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
 
 def _fit_linear(design, settings) -> Fit:
     """Fit the linear SVM (penalty inference / random intercepts) by the method in ``settings``."""
-    method, penalty = settings["method"], settings["penalty"]
-    fixed_precision = fixed_effect_precision(design, penalty, settings["sigma2_beta"])
-    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
-    model = LinearSVMModel(design.X, design.y, groups, fixed_precision, A=settings["A_u"], B=settings["B_u"])
+    method = settings["method"]
+    model = LinearSVMModel.from_design(design, settings)
     layout = ThetaLayout.from_model(model, design)
     M = design.to_original(model.qd)
     info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}

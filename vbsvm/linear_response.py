@@ -134,14 +134,7 @@ class LinearResponse:
 # --------------------------------------------------------------------------- model rebuild
 def _rebuild_model(fit) -> LinearSVMModel:
     """The :class:`LinearSVMModel` that ``vbsvm.svm`` built for ``fit`` (standardized scale)."""
-    s, design = fit.settings, fit.design
-    fixed_precision = np.full(design.p, 1.0 / s["sigma2_beta"])
-    if s["penalty"] == "auto":
-        fixed_precision[design.penalized] = np.nan
-    elif s["penalty"] is not None:
-        fixed_precision[design.penalized] = 4.0 * s["penalty"]
-    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
-    return LinearSVMModel(design.X, design.y, groups, fixed_precision, A=s["A_u"], B=s["B_u"])
+    return LinearSVMModel.from_design(fit.design, fit.settings)
 
 
 def _check_fit(fit):

@@ -382,6 +382,13 @@ class LinearSVMModel:
         #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
         self.blas_work = float(n) * self.qd ** 2
 
+    @classmethod
+    def from_design(cls, design, settings) -> "LinearSVMModel":
+        """The model :func:`vbsvm.svm` builds from a :class:`~vbsvm.design.Design` and its settings."""
+        groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
+        precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
+        return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"])
+
     # ------------------------------------------------------------------ algebra
     def predictor(self, theta) -> np.ndarray:
         f = self.Cd @ theta[: self.qd]
