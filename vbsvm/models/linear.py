@@ -474,7 +474,7 @@ class LinearSVMModel:
             sigma2 = self.variance_posterior(sq).sample(rng)
         else:
             sigma2 = np.zeros(0)
-        return {"w": w, "tau": 1.0 / sigma2, "theta": theta, "sigma2": sigma2,
+        return {"w": w, "tau": 1.0 / sigma2, "theta": theta, "sigma2": sigma2, "f": f,
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
     # ------------------------------------------------------------------ MAP

@@ -494,15 +494,8 @@ class ImputedSVMModel:
         """theta | rest; 1/a | rest; variances | theta; D_mis | rest; mu | rest; Sigma | rest."""
         lin = self.linear
         self.set_cells(state["cells"])
-        post = lin.coefficient_posterior(state["w"], lin.prior_precision(state["tau"]))
-        theta = post.sample(rng)
-        f = lin.predictor(theta)
-        w = hinge.sample_inverse(self.y, f, rng)
-        if lin.variance_components:
-            sq = np.array([np.sum(theta[c.index] ** 2) for c in lin.variance_components])
-            sigma2 = lin.variance_posterior(sq).sample(rng)
-        else:
-            sigma2 = np.zeros(0)
+        scan = lin.gibbs_sweep(state, rng)  # theta | rest, 1/a | rest, variances | theta
+        theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
         Lam, mu = state["Lam"], state["mu"]
         cells = self.sample_missing(theta, f, w, mu, Lam, state["cells"], rng)
         self.set_cells(cells)
