@@ -13,13 +13,8 @@ from oracle import algorithm1, algorithm2
 
 def make_model(formula, data, penalty="auto", sigma2_beta=1e8, A=0.01, B=0.01):
     d = build_design(formula, data)
-    prec = np.full(d.p, 1.0 / sigma2_beta)
-    if penalty == "auto":
-        prec[d.penalized] = np.nan
-    elif penalty is not None:
-        prec[d.penalized] = 4 * penalty
-    groups = [(g.codes, g.n_levels, g.name) for g in d.groups]
-    return d, LinearSVMModel(d.X, d.y, groups, prec, A=A, B=B)
+    settings = {"penalty": penalty, "sigma2_beta": sigma2_beta, "A_u": A, "B_u": B}
+    return d, LinearSVMModel.from_design(d, settings)
 
 
 def assert_rel(actual, desired, rel=1e-6):

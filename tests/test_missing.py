@@ -26,6 +26,7 @@ from vbsvm.distributions import GIG, InverseGamma, InverseWishart
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from vbsvm.imputed_fit import ImputedFit
 from vbsvm.inference.vb import coordinate_ascent
+from vbsvm.models.linear import fixed_effect_precision
 from vbsvm.models.missing import ImputedSVMModel, fit_imputed, imputation_columns
 
 
@@ -146,11 +147,7 @@ def assert_rel(actual, desired, rel=1e-6):
 
 def make_model(formula, data, penalty="auto", sigma2_beta=1e8, **hyper):
     d = build_design(formula, data, missing="impute")
-    prec = np.full(d.p, 1.0 / sigma2_beta)
-    if penalty == "auto":
-        prec[d.penalized] = np.nan
-    elif penalty is not None:
-        prec[d.penalized] = 4 * penalty
+    prec = fixed_effect_precision(d, penalty, sigma2_beta)
     groups = [(g.codes, g.n_levels, g.name) for g in d.groups]
     return d, ImputedSVMModel(d.X, d.y, groups, prec, imputation_columns(d), **hyper)
 
