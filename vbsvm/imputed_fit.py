@@ -323,15 +323,8 @@ class ImputedFit(Fit):
                 filled[np.ix_(R, imp[M])] = cond
                 bM = th[imp[M]]
                 extra[R] = bM @ V @ bM + np.sum(cov[np.ix_(imp[M], imp[M])] * V)
-        mean = filled @ P["theta_mean"][: lay.n_dense]
-        var = np.einsum("ij,ij->i", filled @ P["theta_cov_dense"], filled) + extra
-        if sc is not None:
-            seen = sc >= 0
-            s = sc[seen]
-            mean[seen] += P["theta_mean"][lay.n_dense:][s]
-            var[seen] += 2 * np.einsum("ij,ji->i", filled[seen], P["theta_cov_ds"][:, s])
-            var[seen] += P["theta_var"][lay.n_dense:][s]
-        return mean, var
+        mean, var = self._vb_score_moments(filled, sc)
+        return mean, var + extra
 
     def _score_draw_stats(self, dense, sc, chunk=512):
         """Mean, sd and P(f > 0) of the score over the Gibbs draws, rows with missing entries

@@ -281,15 +281,7 @@ class Fit:
         dense, sc = self._new_rows(newdata)
         lay = self.layout
         if self.method == "vb":
-            P = self.posterior
-            mean = dense @ P["theta_mean"][: lay.n_dense]
-            var = np.einsum("ij,ij->i", dense @ P["theta_cov_dense"], dense)
-            if sc is not None:
-                seen = sc >= 0
-                s = sc[seen]
-                mean[seen] += P["theta_mean"][lay.n_dense:][s]
-                var[seen] += 2 * np.einsum("ij,ji->i", dense[seen], P["theta_cov_ds"][:, s])
-                var[seen] += P["theta_var"][lay.n_dense:][s]
+            mean, var = self._vb_score_moments(dense, sc)
             sd = np.sqrt(np.maximum(var, 0.0))
         elif self.method == "gibbs":
             mean, sd, _ = self._score_draw_stats(dense, sc)
@@ -301,6 +293,20 @@ class Fit:
                 mean[seen] += th[lay.n_dense:][sc[seen]]
             sd = np.full(mean.shape, np.nan)
         return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+
+    def _vb_score_moments(self, dense, sc):
+        """Mean and variance of the score under the Gaussian q(theta), for dense rows ``dense``
+        and largest-factor codes ``sc`` (-1: unseen level, no random intercept)."""
+        P, nd = self.posterior, self.layout.n_dense
+        mean = dense @ P["theta_mean"][:nd]
+        var = np.einsum("ij,ij->i", dense @ P["theta_cov_dense"], dense)
+        if sc is not None:
+            seen = sc >= 0
+            s = sc[seen]
+            mean[seen] += P["theta_mean"][nd:][s]
+            var[seen] += 2 * np.einsum("ij,ji->i", dense[seen], P["theta_cov_ds"][:, s])
+            var[seen] += P["theta_var"][nd:][s]
+        return mean, var
 
     def _score_draw_stats(self, dense, sc):
         draws = self._theta_draws()
