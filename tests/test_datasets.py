@@ -18,6 +18,7 @@ from vbsvm.datasets import (
     load,
     loaders,
     simulate_grouped,
+    simulate_mcar,
     simulate_luts,
     simulate_sparse,
     snake_case,
@@ -462,6 +463,27 @@ def test_simulate_grouped():
     assert not df.equals(simulate_grouped(40, 6, seed=1, sd_group=2.0))
     with pytest.raises(ValueError, match="sd_group"):
         simulate_grouped(5, 2, sd_group=-1.0)
+
+
+def test_simulate_mcar():
+    full, inc = simulate_mcar(20_000, seed=0, frac=0.3)
+    assert list(full.columns) == ["y", "x1", "x2", "x3"] and set(full["y"]) <= {-1, 1}
+    assert full.notna().all().all() and inc[["y", "x2", "x3"]].notna().all().all()
+    miss = inc["x1"].isna()
+    assert abs(miss.mean() - 0.3) < 0.01
+    pd.testing.assert_frame_equal(inc[~miss], full[~miss])
+    # MCAR: the deleted rows look like the kept ones (labels and the other predictors).
+    assert abs(full.loc[miss, "y"].mean() - full.loc[~miss, "y"].mean()) < 0.05
+    assert abs(full.loc[miss, "x2"].mean() - full.loc[~miss, "x2"].mean()) < 0.05
+    corr = np.corrcoef(full[["x1", "x2", "x3"]].to_numpy(), rowvar=False)
+    np.testing.assert_allclose(corr[np.triu_indices(3, 1)], [0.7, 0.5, 0.3], atol=0.02)
+    assert full.attrs["truth"] == inc.attrs["truth"]
+    np.testing.assert_array_equal(full.attrs["truth"]["coef"], [1.0, -0.8, 0.5])
+    again = simulate_mcar(20_000, seed=0, frac=0.3)
+    pd.testing.assert_frame_equal(inc, again[1])
+    for bad, match in [({"frac": 1.5}, "frac"), ({"coef": (1.0, 2.0)}, "coef")]:
+        with pytest.raises(ValueError, match=match):
+            simulate_mcar(10, **bad)
 
 
 def test_simulate_grouped_random_intercepts_matter():

@@ -155,6 +155,9 @@ class ImputedFit(Fit):
             + ("" if imp.get("prior_proper", True) else
                f" (improper since nu <= d - 1 = {d - 1}; its normalizing constant is left out of the ELBO)")
             + ". Transformed predictors are imputed on the transformed scale (the design column).",
+            "Caution: the SVM pseudo-likelihood is not normalized in y, so this joint model (the paper's) "
+            "draws each imputation toward the side of its row's label and can inflate the coefficients of "
+            "imputed columns; compare with the complete-case fit (missing='drop').",
         ]
         return txt
 

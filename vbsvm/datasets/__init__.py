@@ -15,8 +15,9 @@ See :mod:`vbsvm.datasets.loaders` for the rules and the column renames.
 Simulated data
 --------------
 :func:`simulate_luts` (Luts & Ormerod 2014, Section 4.2),
-:func:`simulate_sparse` (few nonzero coefficients) and
-:func:`simulate_grouped` (random intercepts) draw logistic data with labels
+:func:`simulate_sparse` (few nonzero coefficients),
+:func:`simulate_grouped` (random intercepts) and :func:`simulate_mcar`
+(a correlated predictor deleted completely at random) draw logistic data with labels
 in {-1, +1} and store the true parameters in ``df.attrs["truth"]``.
 
 This subpackage imports nothing else from :mod:`vbsvm`; its error classes
@@ -25,7 +26,7 @@ live in :mod:`vbsvm.datasets._errors`.
 
 from ._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
 from .loaders import available, load, snake_case
-from .simulate import simulate_grouped, simulate_luts, simulate_sparse
+from .simulate import simulate_grouped, simulate_luts, simulate_mcar, simulate_sparse
 
 __all__ = [
     "load",
@@ -34,6 +35,7 @@ __all__ = [
     "simulate_luts",
     "simulate_sparse",
     "simulate_grouped",
+    "simulate_mcar",
     "DataNotFoundError",
     "UnknownDatasetError",
     "DataFormatError",

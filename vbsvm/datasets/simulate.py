@@ -22,7 +22,7 @@ import numbers
 import numpy as np
 import pandas as pd
 
-__all__ = ["simulate_luts", "simulate_sparse", "simulate_grouped", "Truth"]
+__all__ = ["simulate_luts", "simulate_sparse", "simulate_grouped", "simulate_mcar", "Truth"]
 
 
 class Truth(dict):
@@ -301,3 +301,60 @@ def simulate_grouped(
         group_effects=b,
     )
     return df
+
+
+#: Correlation of the three predictors of :func:`simulate_mcar`.
+MCAR_CORRELATION = ((1.0, 0.7, 0.5), (0.7, 1.0, 0.3), (0.5, 0.3, 1.0))
+
+
+def simulate_mcar(n, seed=None, *, frac=0.3, intercept=0.3, coef=(1.0, -0.8, 0.5)):
+    """Simulate complete data and delete part of one correlated predictor completely at random.
+
+    Three standard-normal predictors with correlations ``corr(x1, x2) = 0.7``,
+    ``corr(x1, x3) = 0.5``, ``corr(x2, x3) = 0.3`` and
+    ``P(y_i = +1) = expit(intercept + x_i' coef)``; each ``x1`` value is then
+    deleted with probability `frac`, independently of everything (MCAR). The
+    imputation acceptance check of ``missing="impute"`` compares fits on the
+    two frames with the complete-case fit and with regression imputation.
+
+    Parameters
+    ----------
+    n : int
+        Number of rows, >= 1.
+    seed : int, None, numpy.random.SeedSequence or numpy.random.Generator, optional
+        Random seed or generator.
+    frac : float, default 0.3
+        Probability that an ``x1`` value is deleted, in [0, 1].
+    intercept : float, default 0.3
+        Intercept of the linear predictor.
+    coef : sequence of 3 floats, default (1.0, -0.8, 0.5)
+        Coefficients of ``x1, x2, x3``.
+
+    Returns
+    -------
+    full, incomplete : pandas.DataFrame
+        Columns ``y`` (int, -1/+1), ``x1``, ``x2``, ``x3``; ``incomplete`` is a
+        copy of ``full`` with the deleted ``x1`` values set to NaN. Both carry
+        the same ``attrs["truth"]`` (``"intercept"``, ``"coef"``, ``"names"``).
+
+    Examples
+    --------
+    >>> full, incomplete = simulate_mcar(400, seed=0)
+    >>> int(incomplete["x1"].isna().sum()), int(full["x1"].isna().sum())
+    (142, 0)
+    """
+    n = _check_int(n, "n", 1)
+    frac = float(frac)
+    if not 0.0 <= frac <= 1.0:
+        raise ValueError(f"frac must be in [0, 1], got {frac}")
+    coef = np.asarray(coef, dtype=np.float64)
+    if coef.shape != (3,):
+        raise ValueError(f"coef must have length 3, got shape {coef.shape}")
+    rng = np.random.default_rng(seed)
+    x = rng.multivariate_normal(np.zeros(3), np.array(MCAR_CORRELATION), size=n)
+    y = _labels(rng, intercept + x @ coef)
+    names = ("x1", "x2", "x3")
+    full = _frame(y, x, names, Truth(intercept=float(intercept), coef=coef, names=names))
+    incomplete = full.copy()
+    incomplete.loc[rng.random(n) < frac, "x1"] = np.nan
+    return full, incomplete
