@@ -101,6 +101,7 @@ def coefficient_sources(acath, design, T, vb_impute, gibbs_impute, args):
         "libsvm_cc_C1": np.r_[libsvm.intercept_, libsvm.coef_[0]],
         "vb_impute": std(vb_impute), "gibbs_impute": (gibbs_impute._theta_draws()[:, : design.p] @ T.T).mean(axis=0),
         "vb_mi_outcome": np.mean(mi, axis=0),
+        "vb_mi_outcome_between_sd": np.std(mi, axis=0, ddof=1),  # spread of the 20 completed-data fits
     }, index=design.column_names)
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
         print("\nWhere the coefficients come from (standardized scale):")
