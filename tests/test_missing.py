@@ -508,14 +508,21 @@ def test_gibbs_agrees_with_independent_metropolis():
 
 
 # --------------------------------------------------------------------------- the fit object
+def log_chol_frame(n, seed=6):
+    """``correlated`` data plus a positive ``chol`` (25% missing, enters through np.log), 10% of
+    ``x2`` missing and a complete categorical ``arm``."""
+    df, rng = correlated(n, seed)
+    df["chol"] = np.exp(5.4 + 0.2 * df["x1"])
+    df["arm"] = np.where(df["x3"] > 0, "b", "a")
+    df.loc[rng.random(n) < 0.25, "chol"] = np.nan
+    df.loc[rng.random(n) < 0.1, "x2"] = np.nan
+    return df
+
+
 @pytest.fixture(scope="module")
 def logdata():
     """A positive predictor entering through np.log, 25% missing; one complete categorical."""
-    df, rng = correlated(150, 6)
-    df["chol"] = np.exp(5.4 + 0.2 * df["x1"])
-    df["arm"] = np.where(df["x3"] > 0, "b", "a")
-    df.loc[rng.random(150) < 0.25, "chol"] = np.nan
-    df.loc[rng.random(150) < 0.1, "x2"] = np.nan
+    df = log_chol_frame(150)
     df.index = [f"p{i}" for i in range(150)]
     return df[["y", "chol", "x2", "arm"]]
 
@@ -837,11 +844,7 @@ def test_simulation_documents_inflation_of_imputed_coefficient(simulation):
 @pytest.fixture(scope="module")
 def agreement():
     """VB and Gibbs on 300 simulated rows (25% of np.log(chol), 10% of x2 missing)."""
-    df, rng = correlated(300, 6)
-    df["chol"] = np.exp(5.4 + 0.2 * df["x1"])
-    df["arm"] = np.where(df["x3"] > 0, "b", "a")
-    df.loc[rng.random(300) < 0.25, "chol"] = np.nan
-    df.loc[rng.random(300) < 0.1, "x2"] = np.nan
+    df = log_chol_frame(300)
     vb = vbsvm.svm(FORMULA, data=df, missing="impute")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
