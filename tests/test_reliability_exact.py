@@ -25,6 +25,7 @@ import vbsvm
 from vbsvm.exceptions import DiagnosticWarning
 from test_reliability_helpers import (ess, grid_cdf, hinge_sum, ks_1samp_ess,
                                       mixture_cdf)
+from test_reliability_helpers import gibbs_fit
 from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
@@ -37,12 +38,7 @@ SEEDS = FAST + SLOW
 
 def _gibbs(formula, df, *, scale, seed, **kw):
     """Gibbs fit through the public API (draws scaled by ``scale``)."""
-    base = dict(method="gibbs", standardize=False, draws=1500 * scale, tune=300, chains=2, thin=3,
-                seed=seed, progress=False)
-    base.update(kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        return vbsvm.svm(formula, data=df, **base)
+    return gibbs_fit(formula, df, scale=scale, seed=seed, **{"tune": 300, "thin": 3, **kw})
 
 
 def _data(seed, n=30, p=1, intercept=0.3, beta=1.5):

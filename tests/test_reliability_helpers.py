@@ -8,19 +8,24 @@
   (many chains at once, covariance adapted during burn-in only) and elliptical slice sampling;
 * simulation-based calibration (Talts et al. 2018): ranks with random tie breaking and a
   chi-square uniformity test;
-* a hash of arbitrary Python/pandas/numpy inputs (bad-input suite: inputs are never mutated).
+* a hash of arbitrary Python/pandas/numpy inputs (bad-input suite: inputs are never mutated);
+* :func:`gibbs_fit`, the public-API Gibbs fit the exact and independent-sampler checks share.
 """
 
 from __future__ import annotations
 
 import hashlib
 import pickle
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats
 from scipy.integrate import cumulative_trapezoid
+
+import vbsvm
+from vbsvm.exceptions import DiagnosticWarning
 
 
 # --------------------------------------------------------------------------- BLAS threads
@@ -250,3 +255,15 @@ def fingerprint(obj) -> str:
 
     feed(obj)
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- Gibbs through the API
+def gibbs_fit(formula, df, *, scale, seed, tune, thin, **kw):
+    """Gibbs fit through :func:`vbsvm.svm` on the original scale: 2 chains of ``1500 * scale``
+    kept draws after ``tune``, thinned by ``thin``; ``kw`` overrides any setting."""
+    settings = dict(method="gibbs", standardize=False, draws=1500 * scale, tune=tune, chains=2, thin=thin,
+                    seed=seed, progress=False)
+    settings.update(kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        return vbsvm.svm(formula, data=df, **settings)

@@ -20,16 +20,12 @@ effective sample sizes of both samplers) and a two-sample KS test with effective
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import special, stats
+from scipy import special
 
-import vbsvm
-from vbsvm.exceptions import DiagnosticWarning
-from test_reliability_helpers import elliptical_slice, ess, ks_2samp_ess, mean_z, rwm
+from test_reliability_helpers import elliptical_slice, ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
 from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
@@ -41,12 +37,8 @@ SEEDS = [pytest.param(3, 1, id="fast")] + [
 
 
 def _gibbs(formula, df, *, scale, seed, **kw):
-    base = dict(method="gibbs", standardize=False, draws=1500 * scale, tune=400, chains=2, thin=2,
-                seed=seed, progress=False)
-    base.update(kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        return vbsvm.svm(formula, data=df, **base)
+    """Gibbs fit through the public API (draws scaled by ``scale``)."""
+    return gibbs_fit(formula, df, scale=scale, seed=seed, **{"tune": 400, "thin": 2, **kw})
 
 
 def _compare(name, gibbs, indep, labels):
