@@ -63,3 +63,32 @@ def algorithm1(X, y, alpha, iters=5000, tol=1e-14):
         if len(trace) > 1 and abs(trace[-1] - trace[-2]) < tol * abs(trace[-1]):
             break
     return mu, Sigma, np.array(trace)
+
+
+def vb_iteration_random_effects(C, y, tau, ig_groups, iw_groups, mu_inv_a, mu_inv_sigma, mu_inv_Sigma,
+                                A=0.01, B=0.01, iw_df=None, iw_scale=None):
+    """One pass of Algorithm 2 extended to random-effect terms with a covariance matrix, dense.
+
+    ``tau`` holds the known prior precisions (NaN where a group's variance or covariance rules);
+    ``ig_groups`` lists the coordinate blocks that share one variance with an IG(A, B) prior;
+    ``iw_groups`` lists (m, q) index arrays whose rows are the levels of a term with covariance
+    ``Sigma_k ~ IW(iw_df[k], iw_scale[k])``, so the prior precision has ``E[Sigma_k^{-1}]`` on
+    each level's q x q block. Given ``E[1/a_i]``, ``E[1/sigma_k^2]`` and ``E[Sigma_k^{-1}]``, returns
+    the updated q: ``mu, Sigma, chi, B_q`` and the IW parameters ``(df_q, Psi_q)`` of every term.
+    """
+    n, q = C.shape
+    T = np.diag(np.nan_to_num(tau, nan=0.0))
+    for k, g in enumerate(ig_groups):
+        T[g, g] = mu_inv_sigma[k]
+    for k, idx in enumerate(iw_groups):
+        for row in idx:
+            T[np.ix_(row, row)] = mu_inv_Sigma[k]
+    Sigma = np.linalg.inv(C.T @ (mu_inv_a[:, None] * C) + T)
+    mu = Sigma @ C.T @ ((1 + mu_inv_a) * y)
+    chi = (1 - y * (C @ mu)) ** 2 + np.einsum("ij,jk,ik->i", C, Sigma, C)
+    Bq = np.array([B + 0.5 * (mu[g] @ mu[g] + np.trace(Sigma[np.ix_(g, g)])) for g in ig_groups])
+    iw = []
+    for k, idx in enumerate(iw_groups):
+        Psi = iw_scale[k] + sum(np.outer(mu[row], mu[row]) + Sigma[np.ix_(row, row)] for row in idx)
+        iw.append((iw_df[k] + len(idx), Psi))
+    return mu, Sigma, chi, Bq, iw

@@ -62,9 +62,19 @@ def test_several_random_intercepts(frame):
     np.testing.assert_array_equal(d.groups[1].levels[d.groups[1].codes], frame["h"].to_numpy())
 
 
-def test_random_slopes_rejected_with_advice(frame):
-    with pytest.raises(FormulaError, match="only random intercepts"):
-        build_design("y ~ x1 + (x1 | g)", frame)
+def test_random_effect_terms_follow_lme4():
+    """(x | g) is (1 + x | g); || splits a term; a/b nests; a:b is the interaction factor."""
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({"y": rng.integers(0, 2, 60), "x": rng.normal(size=60),
+                       "a": np.repeat(["p", "q", "r"], 20), "b": np.tile([1, 2], 30)})
+    d = build_design("y ~ x + (x | a) + (1 | b/a) + (0 + x || b)", df)
+    assert [(g.name, g.columns) for g in d.groups] == [
+        ("a", ["Intercept", "x"]), ("b", ["Intercept"]), ("b:a", ["Intercept"]), ("b_x", ["x"])]
+    np.testing.assert_array_equal(d.groups[0].Z[:, 1], df["x"].to_numpy())
+    assert d.groups[2].n_levels == 6 and d.groups[2].levels[0] == "1:p"
+    assert d.column_names == ["Intercept", "x"]
+    with pytest.raises(FormulaError, match="twice"):
+        build_design("y ~ x + (x | a) + (1 | a)", df)
 
 
 @pytest.mark.parametrize("values,pos", [
@@ -118,8 +128,9 @@ def test_new_data_rebuilds_design_and_flags_unseen(frame):
     np.testing.assert_allclose(d.new_X(new), d.X[:5])
     new.loc[new.index[0], "g"] = 999
     with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match="not seen"):
-        codes = d.new_group_codes(new)
-    assert codes[0][0] == -1
+        terms = d.new_random_effects(new)
+    assert terms[0][0][0] == -1
+    np.testing.assert_array_equal(terms[0][1], np.ones((5, 1)))
     bad = frame.iloc[:3].copy()
     bad["arm"] = "zzz"
     with pytest.raises(InputError, match="not seen in the training data"):

@@ -55,7 +55,7 @@ def _check_penalty(penalty):
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
         tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
-        sigma2_mu=1e8, Psi=0.01, nu=3.0):
+        sigma2_mu=1e8, Psi=0.01, nu=3.0, re_df=None, re_scale=None):
     """Fit a linear Bayesian support vector machine from a formula.
 
     Parameters
@@ -97,6 +97,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         Imputation-model hyperparameters (``missing="impute"``), on the standardized scale:
         ``mu ~ N(0, sigma2_mu I)``, ``Sigma ~ IW(Psi, nu)`` with ``Psi`` a number (times I) or a
         d x d matrix; paper defaults 1e8, 0.01 I, 3.
+    re_df, re_scale : float and q x q array, optional
+        Inverse-Wishart prior ``IW(re_df, re_scale)`` of the covariance of each random-effect
+        term with q > 1 columns (``(1 + x | g)``); defaults ``q + 1`` (uniform marginal prior of
+        each correlation) and ``2 B_u I`` (each variance's marginal prior ``IG(1, B_u)``). In the
+        units of the term's columns, which enter unstandardized (as in lme4).
 
     Returns
     -------
@@ -107,8 +112,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                          max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
                          B_u=B_u, level=level, progress=progress, n_jobs=n_jobs)
     settings.update(sigma2_mu=sigma2_mu, nu=nu,
-                    Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist())
+                    Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist(),
+                    re_df=None if re_df is None else _positive_float(re_df, "re_df"),
+                    re_scale=None if re_scale is None else np.asarray(re_scale, dtype=float).tolist())
     design = build_design(formula, data, standardize=standardize, missing=missing)
+    _check_re_prior(design, settings, prior)
     warn_about_data(design, separability=settings["penalty"] is None)
     if prior is not None:
         from .models.selection import fit_laplace_zero
@@ -117,6 +125,25 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         from .models.missing import fit_imputed
         return fit_imputed(design, settings)
     return _fit_linear(design, settings)
+
+
+def _check_re_prior(design, settings, prior):
+    """The IW prior of every random-effect term with slopes must fit its dimension."""
+    for g in design.groups:
+        if g.q == 1:
+            continue
+        if settings["re_df"] is not None and not settings["re_df"] > g.q - 1:
+            raise InputError(f"re_df must exceed q - 1 = {g.q - 1} for the term ({g.lhs} | {g.name}) with "
+                             f"{g.q} columns; got {settings['re_df']}.")
+        if settings["re_scale"] is not None:
+            S = np.asarray(settings["re_scale"])
+            if S.shape != (g.q, g.q) or not np.allclose(S, S.T) or np.any(np.linalg.eigvalsh(S) <= 0):
+                raise InputError(f"re_scale must be a symmetric positive definite {g.q} x {g.q} matrix for the "
+                                 f"term ({g.lhs} | {g.name}); got shape {S.shape}.")
+    if any(g.q > 1 or not g.is_intercept for g in design.groups) and (
+            settings["missing"] == "impute" or prior is not None):
+        raise InputError("random slopes are not yet supported together with LaplaceZero or missing='impute'; "
+                         "use random intercepts (1 | g) with those, or drop the slope term.")
 
 
 def _names(cols, k=8):
@@ -214,13 +241,19 @@ def _fit_linear(design, settings) -> Fit:
     model = LinearSVMModel.from_design(design, settings)
     layout = ThetaLayout.from_model(model, design)
     M = design.to_original(model.qd)
-    info = {"model": "Bayesian linear SVM" + (" with random intercepts" if design.groups else "")}
+    info = {"model": "Bayesian linear SVM" + _random_effects_label(design)}
     with limit_blas(model.blas_work):  # the small products after the fit too
         posterior = _posterior_on_original_scale(model, settings, M, info)
     fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     if method == "gibbs":
         fit._warn_diagnostics()
     return fit
+
+
+def _random_effects_label(design) -> str:
+    if not design.groups:
+        return ""
+    return " with random intercepts" if all(g.is_intercept for g in design.groups) else " with random effects"
 
 
 def _posterior_on_original_scale(model, settings, M, info):
@@ -242,21 +275,30 @@ def _posterior_on_original_scale(model, settings, M, info):
             "var_scale": np.atleast_1d(res.q["variances"].b) if model.variance_components else np.zeros(0),
             "elbo": res.elbo,
         }
+        if model.m_sparse:
+            posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
+        if model.covariance_components:
+            posterior["cov_df"] = np.array([qc.df for qc in res.q["covariances"]])
+            posterior["cov_scale"] = np.concatenate([qc.scale.ravel() for qc in res.q["covariances"]])
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     elif method == "gibbs":
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=seed, progress=settings["progress"], n_jobs=settings["n_jobs"],
-                         record=("theta", "sigma2", "log_pseudo_likelihood"))
+                         record=("theta", "sigma2", "cov", "log_pseudo_likelihood"))
         theta = res.draws["theta"].copy()
         theta[..., : model.qd] = theta[..., : model.qd] @ M.T
         posterior = {"theta_draws": theta, "sigma2_draws": res.draws["sigma2"],
                      "log_pseudo_likelihood": res.draws["log_pseudo_likelihood"]}
+        if model.covariance_components:
+            posterior["cov_draws"] = res.draws["cov"]
         info.update(seconds=res.seconds)
     else:
-        theta, sigma2, converged, n_iter, seconds = _posterior_mode(model, settings)
+        theta, sigma2, covs, converged, n_iter, seconds = _posterior_mode(model, settings)
         theta = theta.copy()
         theta[: model.qd] = M @ theta[: model.qd]
         posterior = {"theta_mode": theta, "sigma2_mode": sigma2}
+        if covs:
+            posterior["cov_mode"] = np.concatenate([S.ravel() for S in covs])
         info.update(converged=converged, n_iter=n_iter, seconds=seconds)
     return posterior
 
@@ -266,12 +308,13 @@ def _posterior_mode(model: LinearSVMModel, settings):
     start = time.perf_counter()
     theta = np.zeros(model.q)
     sigma2 = np.ones(len(model.variance_components))
-    value = model.log_posterior(theta, sigma2)
+    covs = [np.eye(c.index.shape[1]) for c in model.covariance_components]
+    value = model.log_posterior(theta, sigma2, covs)
     converged = False
     max_iter = max(settings["max_iter"], 2000)
     for it in range(1, max_iter + 1):
-        theta, sigma2 = model.map_step(theta, sigma2)
-        new = model.log_posterior(theta, sigma2)
+        theta, sigma2, covs = model.map_step(theta, sigma2, covs)
+        new = model.log_posterior(theta, sigma2, covs)
         if abs(new - value) <= 1e-12 * max(abs(new), 1.0):
             converged = True
             value = new
@@ -284,7 +327,7 @@ def _posterior_mode(model: LinearSVMModel, settings):
     if not converged:
         warnings.warn(f"EM for the posterior mode did not converge in {max_iter} iterations.",
                       ConvergenceWarning, stacklevel=3)
-    return theta, sigma2, converged, it, time.perf_counter() - start
+    return theta, sigma2, covs, converged, it, time.perf_counter() - start
 
 
 def load(path):

@@ -9,8 +9,12 @@ The formula follows R/patsy conventions, read by :mod:`formulaic`::
 * The **response** must have exactly two distinct values. 0/1 and False/True map to
   -1/+1; -1/+1 stay as they are; for strings or categoricals the second level (the
   categorical order, else sorted order) is +1.
-* ``(1 | g)`` terms are **random intercepts**: any number of them, each with its own
-  variance. ``(x | g)`` (random slopes) is not supported and raises a clear error.
+* Random effects in lme4 syntax, each term becoming one :class:`GroupingFactor` (lme4's
+  ``reTrms`` entry: grouping codes, level labels, the term's columns ``Z``):
+  ``(1 | g)`` random intercepts; ``(1 + x | g)`` (or ``(x | g)``) correlated intercepts and
+  slopes; ``(0 + x | g)`` slopes alone; ``(1 + x || g)`` uncorrelated (one term per column);
+  ``(1 | a:b)`` the interaction factor; ``(1 | a/b)`` nesting, i.e. ``(1 | a) + (1 | a:b)``.
+  The random-effect columns enter on their original scale (as in lme4).
 * The fixed-effect predictors are **standardized** (centered and scaled by the sample sd,
   ``ddof=1`` as R's ``scale()``) when ``standardize=True``; without an intercept they are
   only scaled, so the model is unchanged. Results are reported on the original scale via
@@ -44,35 +48,91 @@ __all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS", "desig
 
 MISSING_ACTIONS = ("drop", "raise", "impute")
 
-_RANDOM_TERM = re.compile(r"\(\s*([^()|]*?)\s*\|\s*([^()|]+?)\s*\)")
 
 
 @dataclass
 class GroupingFactor:
-    """A ``(1 | name)`` random-intercept term.
+    """A random-effect term ``(lhs | factor)``: lme4's ``reTrms`` entry for one term.
+
+    For each level ``l`` of the grouping factor the term adds the coefficients ``b_l`` (one per
+    column of ``lhs``, e.g. ``Intercept`` and ``time`` for ``(1 + time | patient)``) with
+    ``b_l ~ N(0, Sigma)``; row ``i`` contributes ``z_i' b_{l(i)}`` to the score, with ``z_i`` the
+    row's values of the lhs columns (1 for the intercept). The columns enter on their original
+    scale, as in lme4.
 
     Attributes
     ----------
     name : str
-        The grouping column.
+        Label of the term: ``b_<name>`` and ``sigma2_<name>`` in results. The factor's name for a
+        term with an intercept (``patient_id``, ``school:class``), ``<factor>_<column>`` for a term
+        without one (``(0 + x | g)`` -> ``g_x``).
     levels : numpy.ndarray
-        The distinct levels seen in the training data, sorted.
+        The distinct levels seen in the training data, sorted (``"a:b"`` strings for an
+        interaction factor).
     codes : numpy.ndarray of int
         Level index of each training row.
+    factor : tuple of str
+        The grouping columns (two or more for ``a:b``).
+    columns : list of str
+        Names of the lhs columns (``["Intercept"]`` for a random intercept).
+    lhs : str
+        The lhs formula (``"1"``, ``"1 + time"``, ``"0 + x"``).
+    Z : numpy.ndarray or None
+        Values of the lhs columns in the training rows, shape (n, q); None means all ones.
+    spec : object
+        formulaic model spec of ``lhs`` (None for ``"1"``), re-applied to new data.
     """
 
     name: str
     levels: np.ndarray
     codes: np.ndarray
+    factor: tuple = ()
+    columns: list = field(default_factory=lambda: ["Intercept"])
+    lhs: str = "1"
+    Z: np.ndarray | None = field(default=None, repr=False)
+    spec: object = field(default=None, repr=False)
+    #: which columns of ``spec``'s matrix the term uses (``||`` terms split one matrix); None: all
+    select: list | None = None
 
     @property
     def n_levels(self) -> int:
         return len(self.levels)
 
+    @property
+    def q(self) -> int:
+        """Coefficients per level."""
+        return len(self.columns)
+
+    @property
+    def is_intercept(self) -> bool:
+        return self.columns == ["Intercept"]
+
     def encode(self, values) -> np.ndarray:
         """Codes of ``values`` in the training levels; -1 for unseen levels."""
         return np.asarray(pd.Index(self.levels).get_indexer(np.asarray(values, dtype=object)), dtype=np.int64)
 
+    def level_keys(self, frame: pd.DataFrame) -> np.ndarray:
+        """The level of each row of ``frame`` (``"a:b"`` strings for an interaction factor)."""
+        return _level_keys(frame, list(self.factor) or [self.name])
+
+    def values(self, frame: pd.DataFrame) -> np.ndarray:
+        """The lhs columns evaluated on ``frame``, shape (len(frame), q)."""
+        if self.is_intercept:
+            return np.ones((len(frame), 1))
+        try:
+            Z = np.asarray(self.spec.get_model_matrix(frame, na_action="ignore"), dtype=float)
+        except FormulaicError as exc:
+            raise InputError(f"could not evaluate the random-effect term ({self.lhs} | "
+                             f"{':'.join(self.factor)}) on new data: {exc}") from None
+        return Z if self.select is None else Z[:, self.select]
+
+
+def _level_keys(frame: pd.DataFrame, cols: list) -> np.ndarray:
+    """Level of each row of ``frame`` for the grouping columns ``cols`` (``"a:b"`` strings for
+    two or more)."""
+    if len(cols) == 1:
+        return frame[cols[0]].to_numpy()
+    return np.array([":".join(map(str, t)) for t in zip(*(frame[c].to_numpy() for c in cols))], dtype=object)
 
 @dataclass
 class Design:
@@ -127,6 +187,8 @@ class Design:
     standardize: bool
     missing: str
     spec: object = field(repr=False)
+    #: raw columns the fixed-effect part uses (those ``new_X`` needs)
+    fixed_vars: list | None = None
 
     @property
     def n(self) -> int:
@@ -176,7 +238,8 @@ class Design:
         X : numpy.ndarray, shape (len(newdata), p)
         """
         newdata = _check_frame(newdata, "newdata")
-        needed = sorted(set(self.raw.columns) - {self.response} - {g.name for g in self.groups})
+        needed = list(self.fixed_vars) if self.fixed_vars is not None else sorted(
+            set(self.raw.columns) - {self.response} - {g.name for g in self.groups})
         absent = [c for c in needed if c not in newdata.columns]
         if absent:
             raise InputError(
@@ -215,25 +278,28 @@ class Design:
             X = (X - self.center) / self.scale
         return np.asfortranarray(X)
 
-    def new_group_codes(self, newdata) -> list:
-        """Codes of each grouping factor in ``newdata`` (-1 for unseen levels, with a warning)."""
-        codes = []
+    def new_random_effects(self, newdata) -> list:
+        """``(codes, Z)`` of each random-effect term in ``newdata``: level codes (-1 for levels
+        not seen in training, with a warning) and the term's column values, shape (n, q)."""
+        out = []
         for g in self.groups:
-            if g.name not in newdata.columns:
+            absent = [c for c in (list(g.factor) or [g.name]) if c not in newdata.columns]
+            if absent:
                 raise InputError(
-                    f"newdata lacks the grouping column {g.name!r}; add it, or predict at the "
-                    "population level with a fit that has no (1 | group) term."
+                    f"newdata lacks the grouping column(s) {absent} of the term ({g.lhs} | "
+                    f"{':'.join(g.factor) or g.name}); add them, or predict at the population level "
+                    "with a fit that has no random effects."
                 )
-            c = g.encode(newdata[g.name].to_numpy())
+            c = g.encode(g.level_keys(newdata))
             if (c < 0).any():
                 warnings.warn(
                     f"{int((c < 0).sum())} row(s) of newdata have a level of {g.name!r} not seen "
-                    "in training; their random intercept is set to 0 (population-level prediction).",
+                    "in training; their random effect is set to 0 (population-level prediction).",
                     DiagnosticWarning,
                     stacklevel=3,
                 )
-            codes.append(c)
-        return codes
+            out.append((c, g.values(newdata)))
+        return out
 
 
 # --------------------------------------------------------------------------- parsing
@@ -254,7 +320,57 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "") + "`"
 
 
+def _top_level_groups(text: str):
+    """Spans ``(start, end)`` of the parenthesised groups of ``text`` at depth 0."""
+    spans, depth, start = [], 0, None
+    for i, ch in enumerate(text):
+        if ch == "(":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth < 0:
+                break
+            if depth == 0:
+                spans.append((start, i + 1))
+    if depth:
+        raise FormulaError(f"the formula has unbalanced parentheses in {text!r}; close every '(' "
+                           "with a ')'.")
+    return spans
+
+
+def _bar_position(inner: str):
+    """Index and width (1 for ``|``, 2 for ``||``) of the top-level bar in ``inner``, or None."""
+    depth = 0
+    for i, ch in enumerate(inner):
+        depth += ch == "("
+        depth -= ch == ")"
+        if ch == "|" and depth == 0:
+            return i, 2 if inner[i + 1: i + 2] == "|" else 1
+    return None
+
+
+def _factor_names(expr: str, term: str) -> list:
+    """Grouping factors of a random-effect term: ``g`` -> [(g,)], ``a:b`` -> [(a, b)],
+    nesting ``a/b`` -> [(a,), (a, b)] (lme4's ``a/b = a + a:b``)."""
+    factors = []
+    parts = [p.strip() for p in expr.split("/")]
+    prefix = ()
+    for part in parts:
+        cols = tuple(c.strip().strip("`") for c in part.split(":"))
+        if not all(cols) or any(re.search(r"[()+*~|]", c) for c in cols):
+            raise FormulaError(
+                f"the grouping part of the random-effect term {term!r} must be a column name, "
+                "an interaction 'a:b' or a nesting 'a/b'.")
+        prefix = prefix + cols
+        factors.append(prefix)
+    return factors
+
+
 def _split_formula(formula: str):
+    """``(response, fixed part, random terms)``; each random term is ``(lhs, factor, term text)``
+    with ``factor`` a tuple of grouping columns, after expanding ``a/b`` and ``||``."""
     if not isinstance(formula, str):
         raise InputTypeError(
             f"formula must be a string such as 'y ~ x1 + x2', got {type(formula).__name__}."
@@ -268,28 +384,38 @@ def _split_formula(formula: str):
     if not lhs:
         raise FormulaError(f"formula {formula!r} has no response; write it as 'y ~ ...'.")
     lhs = lhs.strip("`")
-    groups = []
-    for slope, g in _RANDOM_TERM.findall(rhs):
-        if slope.strip() != "1":
-            raise FormulaError(
-                f"random-effect term '({slope} | {g})' is not supported: only random intercepts "
-                f"'(1 | {g})' are. Put {slope!r} among the fixed effects instead."
-            )
-        g = g.strip().strip("`")
-        if g in groups:
-            raise FormulaError(f"the grouping term (1 | {g}) appears twice in {formula!r}.")
-        groups.append(g)
-    # remove each '(1 | g)' together with the '+' that joins it to the rest
-    fixed = re.sub(r"\s*\+\s*" + _RANDOM_TERM.pattern, "", rhs)
-    fixed = re.sub(r"^\s*" + _RANDOM_TERM.pattern + r"\s*(\+\s*)?", "", fixed).strip()
+    terms, spans = [], []
+    for a, b in _top_level_groups(rhs):
+        inner = rhs[a + 1: b - 1]
+        bar = _bar_position(inner)
+        if bar is None:
+            continue
+        at, width = bar
+        re_lhs, expr = inner[:at].strip(), inner[at + width:].strip()
+        text = f"({re_lhs} {'|' * width} {expr})"
+        if not re_lhs or not expr:
+            raise FormulaError(f"random-effect term {text!r} needs both sides of the bar, e.g. (1 | g).")
+        # lme4's double bar: one uncorrelated term per column
+        terms.extend((re_lhs, factor, text, width == 2) for factor in _factor_names(expr, text))
+        # remove the term with the '+' that joins it to the rest
+        before, after = rhs[:a].rstrip(), rhs[b:].lstrip()
+        if before.endswith("+"):
+            a = len(before) - 1
+        elif after.startswith("+"):
+            b = len(rhs) - len(after) + 1
+        spans.append((a, b))
+    fixed = rhs
+    for a, b in reversed(spans):
+        fixed = fixed[:a] + " " + fixed[b:]
+    fixed = fixed.strip()
     if "|" in fixed:
         raise FormulaError(
-            f"could not read the random-effect part of {formula!r}; write random intercepts "
-            "as '(1 | group)'."
+            f"could not read the random-effect part of {formula!r}; write random effects as "
+            "'(1 | group)', '(1 + x | group)' or '(0 + x | group)'."
         )
     if not fixed:
         fixed = "1"
-    return lhs, fixed, groups
+    return lhs, fixed, terms
 
 
 def _expand_dot(fixed: str, columns, response: str, groups) -> str:
@@ -404,8 +530,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
     if len(data) == 0:
         raise InputError("data has no rows; pass a non-empty DataFrame.")
-    response, fixed, groups = _split_formula(formula)
+    response, fixed, re_terms = _split_formula(formula)
     columns = [str(c) for c in data.columns]
+    groups = list(dict.fromkeys(c for term in re_terms for c in term[1]))
     for name, what in [(response, "response")] + [(g, "grouping column") for g in groups]:
         if name not in columns:
             hint = difflib.get_close_matches(name, columns, n=1)
@@ -417,21 +544,17 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     rhs_formula = fixed
     plain = _plain_numeric_columns(rhs_formula, data)
     try:
-        if plain is not None:
-            needed = set(plain[0])
-        else:
-            needed = set(formulaic.Formula(rhs_formula).required_variables)
-            # formulaic leaves out names that are also its transforms (a column called `cs`,
-            # `bs`, `poly`, `center`, ...): add every column the formula mentions by name.
-            text = rhs_formula.replace("`", " ")
-            needed |= {c for c in columns if c != response and c not in groups
-                       and re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", text)}
-        # formulaic reads `cad.dur` as the attribute of `cad`: drop such stems of dotted columns
-        needed -= {v for v in needed if v not in columns and any(c.startswith(v + ".") for c in needed)}
+        needed = set(plain[0]) if plain is not None else _required_columns(rhs_formula, columns,
+                                                                             {response, *groups})
+        re_vars = set().union(*(_required_columns(t[0], columns, {response, *groups})
+                                for t in re_terms if t[0] != "1"))
         # keep the data's column order, so that a saved fit rebuilds 'y ~ .' identically
-        needed_vars = sorted(needed, key=lambda v: (columns.index(v) if v in columns else len(columns), v))
+        order = lambda v: (columns.index(v) if v in columns else len(columns), v)  # noqa: E731
+        needed_vars = sorted(needed, key=order)
+        re_vars = sorted(re_vars - needed, key=order)
     except FormulaicError as exc:
         raise FormulaError(f"cannot parse the formula {formula!r}: {exc}") from None
+    needed_vars = needed_vars + re_vars
     absent = [v for v in needed_vars if v not in columns]
     if absent:
         hints = {v: difflib.get_close_matches(v, columns, n=1) for v in absent}
@@ -441,6 +564,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         shown = "" if all(hints.values()) else f" The columns are {columns[:20]}{' ...' if len(columns) > 20 else ''}."
         raise FormulaError(f"the formula uses name(s) that are not columns of data: {detail}.{shown} "
                            "Use column names (backquote names with spaces: `my var`).")
+    fixed_vars = [v for v in needed_vars if v != response and v not in re_vars]
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
     raw = data[used].copy()
@@ -535,13 +659,11 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
             scale[j] = sd
     X = np.asfortranarray((X - center) / scale)
 
-    gfactors = []
-    for g in groups:
-        vals = raw[g].to_numpy()
-        levels = np.array(sorted(pd.unique(vals).tolist(), key=lambda v: (str(type(v)), v)), dtype=object)
-        factor = GroupingFactor(g, levels, np.zeros(len(raw), dtype=np.int64))
-        factor.codes = factor.encode(vals)
-        gfactors.append(factor)
+    gfactors = _random_effect_terms(re_terms, raw, missing)
+    labels = [g.name for g in gfactors]
+    if len(set(labels)) != len(labels):
+        raise FormulaError(f"the formula {formula!r} has the random-effect term(s) "
+                           f"{sorted({x for x in labels if labels.count(x) > 1})} twice.")
 
     return Design(
         formula=formula,
@@ -562,7 +684,55 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         standardize=standardize,
         missing=missing,
         spec=spec,
+        fixed_vars=fixed_vars,
     )
+
+
+def _required_columns(rhs: str, columns, exclude) -> set:
+    """Columns of the data that the formula part ``rhs`` uses."""
+    needed = set(formulaic.Formula(rhs).required_variables)
+    # formulaic leaves out names that are also its transforms (a column called `cs`, `bs`, `poly`,
+    # `center`, ...): add every column the formula mentions by name.
+    text = rhs.replace("`", " ")
+    needed |= {c for c in columns if c not in exclude and re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", text)}
+    # formulaic reads `cad.dur` as the attribute of `cad`: drop such stems of dotted columns
+    needed -= {v for v in needed if v not in columns and any(c.startswith(v + ".") for c in needed)}
+    return needed
+
+
+def _random_effect_terms(re_terms, raw: pd.DataFrame, missing: str) -> list:
+    """One :class:`GroupingFactor` per random-effect term (``||`` split into one per column)."""
+    out = []
+    for re_lhs, factor, text, split in re_terms:
+        spec, cols, Z = None, ["Intercept"], None
+        if re_lhs != "1":
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", FutureWarning)
+                    mm = formulaic.model_matrix(re_lhs, raw, na_action="ignore")
+            except FormulaicError as exc:
+                raise FormulaError(f"cannot evaluate the random-effect term {text!r}: {exc}") from None
+            spec, cols, Z = mm.model_spec, [str(c) for c in mm.columns], np.array(mm, dtype=float)
+            if not cols:
+                raise FormulaError(f"the random-effect term {text!r} has no columns; write (1 | g) for "
+                                   "a random intercept.")
+            if np.isnan(Z).any() or not np.isfinite(Z).all():
+                raise InputError(f"the columns of the random-effect term {text!r} have missing or infinite "
+                                 "values; random-effect columns cannot be imputed: drop or fill those rows.")
+        keys = _level_keys(raw, list(factor))
+        levels = np.array(sorted(pd.unique(keys).tolist(), key=lambda v: (str(type(v)), v)), dtype=object)
+        codes = GroupingFactor("", levels, np.zeros(0, np.int64)).encode(keys)
+        parts = [[j] for j in range(len(cols))] if split else [list(range(len(cols)))]
+        for sel in parts:
+            names = [cols[j] for j in sel]
+            label = ":".join(factor)
+            if "Intercept" not in names:
+                label = re.sub(r"\W+", "_", f"{label}_{'_'.join(names)}").strip("_")
+            Zs = None if Z is None or names == ["Intercept"] and np.all(Z[:, sel] == 1) else Z[:, sel]
+            out.append(GroupingFactor(label, levels, codes, tuple(factor), names, re_lhs,
+                                      Zs if Zs is None else np.asfortranarray(Zs), spec,
+                                      None if len(sel) == len(cols) else sel))
+    return out
 
 
 # --------------------------------------------------------------------------- serialization

@@ -28,7 +28,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from .results import Fit, _interval_names
+from .results import Fit, _interval_names, add_sparse_score
 from .distributions import InverseWishart
 
 __all__ = ["ImputedFit"]
@@ -363,9 +363,7 @@ class ImputedFit(Fit):
                     dev = dense[np.ix_(rr, imp[O])][None, :, :] - mu[:, None, O]  # (S, r, o)
                     cond = cond + np.einsum("sro,som->srm", dev, K)
                 Fm[:, rr] += np.einsum("sm,srm->sr", bM, cond)
-        if sc is not None:
-            seen = np.flatnonzero(sc >= 0)
-            Fm[:, seen] += draws[:, lay.n_dense:][:, sc[seen]]
+        add_sparse_score(Fm, draws[:, lay.n_dense:], sc)
         mean = Fm.mean(axis=0)
         sd = np.sqrt(Fv.mean(axis=0) + (Fm.var(axis=0, ddof=1) if S > 1 else 0.0))
         with np.errstate(divide="ignore", invalid="ignore"):

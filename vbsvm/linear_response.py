@@ -87,8 +87,7 @@ from .inference.vb import coordinate_ascent
 from .models import hinge
 from .models.linear import CoefficientPosterior, LinearSVMModel
 
-__all__ = ["LinearResponse", "linear_response", "sd_lr", "lr_covariance", "fixed_point_map", "vb_fixed_point",
-           "TiltedLinearSVMModel"]
+__all__ = ["LinearResponse", "linear_response", "lr_covariance", "fixed_point_map", "vb_fixed_point"]
 
 #: Largest number of rows handled by the dense solve (memory ~ 3 n^2 doubles).
 MAX_N = 5000
@@ -144,14 +143,15 @@ def _check_fit(fit):
             "Gibbs fits need no correction."
         )
     s = getattr(fit, "settings", {})
-    if s.get("prior") is not None or s.get("missing") == "impute" or "theta_mean" not in getattr(fit, "posterior", {}):
+    if (s.get("prior") is not None or s.get("missing") == "impute" or "theta_mean" not in getattr(fit, "posterior", {})
+            or getattr(getattr(fit, "layout", None), "covariances", [])):
         raise InputError(
             "linear response is implemented for the linear SVM (penalty inference / random "
-            "intercepts) only, not for Laplace-zero or imputation fits."
+            "intercepts) only, not for Laplace-zero, imputation or random-slope fits."
         )
 
 
-def fixed_point_map(model: LinearSVMModel, x, t=None):
+def fixed_point_map(model: LinearSVMModel, x):
     """One coordinate-ascent sweep as a map on ``x = (w, tau)`` (see module docstring).
 
     Parameters
@@ -159,8 +159,6 @@ def fixed_point_map(model: LinearSVMModel, x, t=None):
     model : LinearSVMModel
     x : numpy.ndarray
         ``(E[1/a_1], ..., E[1/a_n], E[1/sigma2_1], ..., E[1/sigma2_K])``.
-    t : numpy.ndarray, optional
-        Linear tilt of the log posterior (standardized coordinates).
 
     Returns
     -------
@@ -169,8 +167,7 @@ def fixed_point_map(model: LinearSVMModel, x, t=None):
         q(theta) computed from ``x``.
     """
     n = model.n
-    m = TiltedLinearSVMModel(model, t) if t is not None else model
-    post = m.coefficient_posterior(x[:n], model.prior_precision(x[n:]))
+    post = model.coefficient_posterior(x[:n], model.prior_precision(x[n:]))
     mf, vf = post.linear_predictor()
     w = hinge.expected_inverse(hinge.update_chi(model.y, mf, vf))
     if model.variance_components:
@@ -181,15 +178,15 @@ def fixed_point_map(model: LinearSVMModel, x, t=None):
     return np.concatenate([w, tau]), post
 
 
-def vb_fixed_point(model: LinearSVMModel, x0, t=None, *, tol=1e-13, max_iter=5000):
+def vb_fixed_point(model: LinearSVMModel, x0, *, tol=1e-13, max_iter=5000):
     """Plain coordinate ascent on ``x`` from ``x0`` until ``max |x_new - x| <= tol * max(1, |x|)``.
 
-    Returns ``(x, post, converged)``. Used to polish a VB solution before the LR solve and, with
-    a tilt ``t``, to check the LR covariance by finite differences.
+    Returns ``(x, post, converged)``. Used to polish a VB solution before the LR solve (and, on
+    a model with a tilted log posterior, to check the LR covariance by finite differences).
     """
     x = np.asarray(x0, dtype=float)
     for _ in range(max_iter):
-        x_new, post = fixed_point_map(model, x, t)
+        x_new, post = fixed_point_map(model, x)
         if np.max(np.abs(x_new - x)) <= tol * max(1.0, np.max(np.abs(x))):
             return x_new, post, True
         x = x_new
@@ -359,50 +356,3 @@ def linear_response(fit, *, max_n: int = MAX_N) -> LinearResponse:
     cov_std, sig_std = lr_covariance(model, post, max_n=max_n)
     return LinearResponse(cov=_to_original(fit, cov_std, model), cov_vb=_to_original(fit, sig_std, model),
                           names=_names(fit))
-
-
-def sd_lr(fit, *, cache: bool = True) -> np.ndarray:
-    """LR standard deviations of every coordinate of theta (fixed effects first), cached.
-
-    The hook for ``fit.coef``: ``sd_lr(fit)[:p]`` are the LR sds of the fixed effects.
-    The result is stored in ``fit.posterior["theta_var_lr"]`` (and so saved with the fit).
-    Returns NaNs (no error) for fits it does not apply to or with more than :data:`MAX_N` rows.
-    """
-    P = getattr(fit, "posterior", {})
-    if cache and "theta_var_lr" in P:
-        return np.sqrt(np.asarray(P["theta_var_lr"]))
-    try:
-        lr = linear_response(fit)
-    except InputError:
-        return np.full(fit.layout.q, np.nan)
-    var = np.maximum(np.diag(lr.cov), 0.0)
-    if cache:
-        P["theta_var_lr"] = var
-    return np.sqrt(var)
-
-
-# --------------------------------------------------------------------------- verification
-class TiltedLinearSVMModel(LinearSVMModel):
-    """The linear SVM with its log posterior tilted by ``t^T theta`` (standardized coordinates).
-
-    Used to check the LR covariance against the definition: a central finite difference of
-    the converged VB mean in ``t``. The tilt shifts the linear term of q(theta) by ``t`` and
-    adds ``t^T E_q[theta]`` to the ELBO.
-    """
-
-    def __init__(self, base: LinearSVMModel, t):
-        self.__dict__.update(base.__dict__)
-        self.t = np.asarray(t, dtype=float)
-
-    def coefficient_posterior(self, w, tau) -> CoefficientPosterior:
-        post = super().coefficient_posterior(w, tau)
-        td, ts = self.t[: self.qd], self.t[self.qd:]
-        h = td - post.GD.T @ ts if self.m_sparse else td
-        delta = post.Linv.T @ (post.Linv @ h)
-        post.mean_dense = post.mean_dense + delta
-        if self.m_sparse:
-            post.mean_sparse = post.mean_sparse + ts / post.D - post.GD @ delta
-        return post
-
-    def elbo(self, q) -> float:
-        return super().elbo(q) + float(self.t @ q["theta_mean"])

@@ -19,6 +19,7 @@ side of the boundary, not a calibrated class frequency (use :func:`vbsvm.gpsvm` 
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from .distributions import InverseWishart
 from .exceptions import DiagnosticWarning, FitFileError, InputError
 from .summary import build_summary
 
@@ -50,6 +52,11 @@ class ThetaLayout:
         The factor eliminated by the Schur complement (its coordinates come last).
     variances : list of str
         Names of the inferred variance components, e.g. ``["sigma2_u", "sigma2_patient_id"]``.
+    re_columns : dict
+        Random-effect term name -> its column names (``["Intercept", "time"]``); a term's
+        coordinates are ordered level by level (``l q + j``). Absent terms: ``["Intercept"]``.
+    covariances : list of str
+        Names of the terms with a q x q covariance (q > 1 columns), in the model's order.
     """
 
     fixed: list
@@ -57,6 +64,8 @@ class ThetaLayout:
     n_dense: int
     sparse_group: str | None
     variances: list
+    re_columns: dict = field(default_factory=dict)
+    covariances: list = field(default_factory=list)
 
     @classmethod
     def from_model(cls, model, design, variances=None) -> "ThetaLayout":
@@ -66,7 +75,13 @@ class ThetaLayout:
         if variances is None:
             variances = [c.name for c in model.variance_components]
         return cls(fixed=list(design.column_names), groups=groups, n_dense=model.qd,
-                   sparse_group=sparse, variances=list(variances))
+                   sparse_group=sparse, variances=list(variances),
+                   re_columns={g.name: list(g.columns) for g in design.groups},
+                   covariances=[g.name for g in design.groups if g.q > 1])
+
+    def columns_of(self, name) -> list:
+        """Column names of random-effect term ``name``."""
+        return self.re_columns.get(name, ["Intercept"])
 
     @property
     def p(self) -> int:
@@ -74,7 +89,7 @@ class ThetaLayout:
 
     @property
     def q(self) -> int:
-        return self.n_dense + (len(self.groups[self.sparse_group][0]) if self.sparse_group else 0)
+        return self.n_dense + (len(self.groups[self.sparse_group][1]) if self.sparse_group else 0)
 
     def to_dict(self):
         return {
@@ -83,12 +98,15 @@ class ThetaLayout:
             "n_dense": int(self.n_dense),
             "sparse_group": self.sparse_group,
             "variances": list(self.variances),
+            "re_columns": {k: list(v) for k, v in self.re_columns.items()},
+            "covariances": list(self.covariances),
         }
 
     @classmethod
     def from_dict(cls, d):
         groups = {k: (np.array(lv, dtype=object), np.array(ix, dtype=np.int64)) for k, (lv, ix) in d["groups"].items()}
-        return cls(d["fixed"], groups, d["n_dense"], d["sparse_group"], d["variances"])
+        return cls(d["fixed"], groups, d["n_dense"], d["sparse_group"], d["variances"],
+                   d.get("re_columns", {}), d.get("covariances", []))
 
 
 def _jsonable(x):
@@ -154,7 +172,8 @@ class Fit:
     def _table(self, names, index, level):
         mean, sd, lo, hi = self._marginals(np.asarray(index), level)
         lo_name, hi_name = _interval_names(level)
-        return pd.DataFrame({"mean": mean, "sd": sd, lo_name: lo, hi_name: hi}, index=pd.Index(names, name="term"))
+        index = names if isinstance(names, pd.Index) else pd.Index(names, name="term")
+        return pd.DataFrame({"mean": mean, "sd": sd, lo_name: lo, hi_name: hi}, index=index)
 
     @property
     def coef(self) -> pd.DataFrame:
@@ -165,18 +184,18 @@ class Fit:
     def coef_table(self, level=None) -> pd.DataFrame:
         """:attr:`coef` at another interval ``level``."""
         level = self._level(level)
-        table = self._table(self.layout.fixed, np.arange(self.layout.p), level)
-        if self.method == "vb" and self.settings.get("prior") is None and self.settings.get("missing") != "impute":
-            from .linear_response import sd_lr
-
-            # linear-response sd (Giordano et al. 2015): corrects mean-field VB's too-small sds
-            table.insert(2, "sd_lr", sd_lr(self)[: self.layout.p])
-        return table
+        return self._table(self.layout.fixed, np.arange(self.layout.p), level)
 
     def ranef(self, level=None) -> dict:
         """Random intercepts: one DataFrame per grouping factor (like ``lme4::ranef``)."""
         level = self._level(level)
-        return {name: self._table(list(lv), ix, level) for name, (lv, ix) in self.layout.groups.items()}
+        out = {}
+        for name, (lv, ix) in self.layout.groups.items():
+            cols = self.layout.columns_of(name)
+            names = list(lv) if len(cols) == 1 else pd.MultiIndex.from_tuples(
+                [(v, c) for v in lv for c in cols], names=["level", "coef"])
+            out[name] = self._table(names, ix, level)
+        return out
 
     def varcomp(self, level=None) -> pd.DataFrame:
         """Inferred variances (and the penalty ``alpha = 1 / (4 sigma2_u)``) with intervals."""
@@ -205,8 +224,35 @@ class Fit:
                 rows[name] = (s, np.nan, np.nan, np.nan)
                 if name == "sigma2_u":
                     rows["alpha"] = (1 / (4 * s), np.nan, np.nan, np.nan)
+        for name, S in self._covariance_draws().items():
+            cols = self.layout.columns_of(name)
+            for j, c in enumerate(cols):
+                d = S[:, j, j]
+                rows[f"sigma2_{name}[{c}]"] = _draw_summary(d, lo_q, hi_q, self.method == "map")
+            for j, k in zip(*np.tril_indices(len(cols), -1)):
+                d = S[:, j, k] / np.sqrt(S[:, j, j] * S[:, k, k])
+                rows[f"cor_{name}[{cols[k]},{cols[j]}]"] = _draw_summary(d, lo_q, hi_q, self.method == "map")
         out = pd.DataFrame.from_dict(rows, orient="index", columns=["mean", "sd", lo_name, hi_name])
         out.index.name = "parameter"
+        return out
+
+    def _covariance_draws(self) -> dict:
+        """Term name -> draws (k, q, q) of its random-effect covariance: Gibbs draws, iid draws from
+        the IW q of VB (``chains x draws`` of them, seeded at fit time), or the mode (k = 1)."""
+        out, at = {}, 0
+        P = self.posterior
+        for i, name in enumerate(self.layout.covariances):
+            q = len(self.layout.columns_of(name))
+            if self.method == "gibbs":
+                S = P["cov_draws"].reshape(-1, P["cov_draws"].shape[-1])[:, at:at + q * q].reshape(-1, q, q)
+            elif self.method == "map":
+                S = P["cov_mode"][at:at + q * q].reshape(1, q, q)
+            else:
+                rng = np.random.default_rng([self.settings.get("draw_seed") or 0, i])
+                size = self.settings.get("chains", 4) * self.settings.get("draws", 1000)
+                S = InverseWishart(P["cov_scale"][at:at + q * q].reshape(q, q), P["cov_df"][i]).sample(rng, size)
+            out[name] = S
+            at += q * q
         return out
 
     # ------------------------------------------------------------------ diagnostics
@@ -227,15 +273,15 @@ class Fit:
                              ("ess_tail", ess(post, method="tail")), ("mcse_mean", mcse(post))):
             flat = []
             for var in post.data_vars:
-                v = np.atleast_1d(value[var].values)
-                flat.extend(v.tolist())
+                flat.extend(np.ravel(value[var].values).tolist())
             cols[label] = flat
         names = []
         for var in post.data_vars:
             da = post[var]
             extra = [d for d in da.dims if d not in ("chain", "draw")]
             if extra:
-                names.extend(f"{var}[{c}]" for c in da[extra[0]].values)
+                names.extend(f"{var}[{','.join(map(str, c))}]"
+                             for c in itertools.product(*(da[d].values for d in extra)))
             else:
                 names.append(var)
         return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
@@ -258,23 +304,25 @@ class Fit:
 
     # ------------------------------------------------------------------ prediction
     def _new_rows(self, newdata, allow_missing=False):
-        """Dense design rows (fixed effects and the smaller factors' indicators) on the original
-        scale, and the codes of the largest factor (-1 for unseen levels)."""
+        """Dense design rows (fixed effects and the smaller random-effect terms' columns) on the
+        original scale, and ``(codes, Z)`` of the eliminated term (codes -1 for unseen levels)."""
         X = self.design.new_X(newdata, standardized=False, allow_missing=allow_missing)
         lay = self.layout
         n = X.shape[0]
         dense = np.zeros((n, lay.n_dense))
         dense[:, : lay.p] = X
-        codes = self.design.new_group_codes(newdata) if lay.groups else []
-        sparse_codes = None
-        for g, c in zip(self.design.groups, codes):
+        terms = self.design.new_random_effects(newdata) if lay.groups else []
+        sparse = None
+        for g, (c, Z) in zip(self.design.groups, terms):
             levels, ix = lay.groups[g.name]
             if g.name == lay.sparse_group:
-                sparse_codes = c
+                sparse = (c, Z)
             else:
-                seen = c >= 0
-                dense[np.flatnonzero(seen), ix[c[seen]]] = 1.0
-        return dense, sparse_codes
+                seen = np.flatnonzero(c >= 0)
+                q = Z.shape[1]
+                for j in range(q):
+                    dense[seen, ix[c[seen] * q + j]] = Z[seen, j]
+        return dense, sparse
 
     def predict_score(self, newdata):
         """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame)."""
@@ -287,25 +335,31 @@ class Fit:
             mean, sd, _ = self._score_draw_stats(dense, sc)
         else:
             th = self.posterior["theta_mode"]
-            mean = dense @ th[: lay.n_dense]
-            if sc is not None:
-                seen = sc >= 0
-                mean[seen] += th[lay.n_dense:][sc[seen]]
+            mean = add_sparse_score((dense @ th[: lay.n_dense])[None], th[None, lay.n_dense:], sc)[0]
             sd = np.full(mean.shape, np.nan)
         return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
 
+    def _sparse_blocks(self) -> np.ndarray:
+        """Marginal covariance blocks (m, q, q) of the eliminated term under the VB q."""
+        P, nd = self.posterior, self.layout.n_dense
+        if "theta_cov_ss_blocks" in P:
+            return P["theta_cov_ss_blocks"]
+        return P["theta_var"][nd:][:, None, None]
+
     def _vb_score_moments(self, dense, sc):
         """Mean and variance of the score under the Gaussian q(theta), for dense rows ``dense``
-        and largest-factor codes ``sc`` (-1: unseen level, no random intercept)."""
+        and the eliminated term's ``(codes, Z)`` ``sc`` (code -1: unseen level, no random effect)."""
         P, nd = self.posterior, self.layout.n_dense
-        mean = dense @ P["theta_mean"][:nd]
+        mean = add_sparse_score((dense @ P["theta_mean"][:nd])[None], P["theta_mean"][None, nd:], sc)[0]
         var = np.einsum("ij,ij->i", dense @ P["theta_cov_dense"], dense)
         if sc is not None:
-            seen = sc >= 0
-            s = sc[seen]
-            mean[seen] += P["theta_mean"][nd:][s]
-            var[seen] += 2 * np.einsum("ij,ji->i", dense[seen], P["theta_cov_ds"][:, s])
-            var[seen] += P["theta_var"][nd:][s]
+            codes, Z = sc
+            seen = np.flatnonzero(codes >= 0)
+            s, z = codes[seen], Z[seen]
+            q = Z.shape[1]
+            C = P["theta_cov_ds"].reshape(nd, -1, q)  # Cov(dense, level block)
+            var[seen] += 2 * np.einsum("ij,jik,ik->i", dense[seen], C[:, s, :], z)
+            var[seen] += np.einsum("ij,ijk,ik->i", z, self._sparse_blocks()[s], z)
         return mean, var
 
     def _score_draw_stats(self, dense, sc):
@@ -316,11 +370,7 @@ class Fit:
         mean, sd, pos = np.empty(n), np.empty(n), np.empty(n)
         for start in range(0, n, chunk):
             sl = slice(start, start + chunk)
-            f = draws[:, : lay.n_dense] @ dense[sl].T
-            if sc is not None:
-                s = sc[sl]
-                seen = s >= 0
-                f[:, seen] += draws[:, lay.n_dense:][:, s[seen]]
+            f = add_sparse_score(draws[:, : lay.n_dense] @ dense[sl].T, draws[:, lay.n_dense:], sc, sl)
             mean[sl] = f.mean(0)
             sd[sl] = f.std(0, ddof=1)
             pos[sl] = (f > 0).mean(0)
@@ -406,13 +456,19 @@ class Fit:
         dense = P["theta_mean"][: lay.n_dense] + z @ Ld.T
         parts = [dense]
         if lay.sparse_group:
-            # theta_sparse | theta_dense is Gaussian with a diagonal covariance.
+            # theta_sparse | theta_dense is Gaussian with one q x q covariance block per level
             ms = P["theta_mean"][lay.n_dense:]
-            K = np.linalg.solve(P["theta_cov_dense"], P["theta_cov_ds"])  # (qd, m) regression
-            cond_var = P["theta_var"][lay.n_dense:] - np.einsum("ij,ij->j", P["theta_cov_ds"], K)
-            zs = rng.standard_normal((chains, draws, ms.size))
+            K = np.linalg.solve(P["theta_cov_dense"], P["theta_cov_ds"])  # (qd, m q) regression
+            blocks = self._sparse_blocks()
+            m, q = blocks.shape[:2]
+            Cb, Kb = P["theta_cov_ds"].reshape(-1, m, q), K.reshape(-1, m, q)
+            cond = blocks - np.einsum("dlj,dlk->ljk", Cb, Kb)
+            evals, evecs = np.linalg.eigh(0.5 * (cond + np.swapaxes(cond, 1, 2)))
+            root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]  # cond = root root^T
+            zs = rng.standard_normal((chains, draws, m, q))
+            noise = np.einsum("ljk,cdlk->cdlj", root, zs).reshape(chains, draws, m * q)
             resid = dense - P["theta_mean"][: lay.n_dense]
-            parts.append(ms + resid @ K + zs * np.sqrt(np.maximum(cond_var, 0)))
+            parts.append(ms + resid @ K + noise)
         theta = np.concatenate(parts, axis=-1)
         sig = np.empty((chains, draws, len(lay.variances)))
         for k in range(len(lay.variances)):
@@ -430,10 +486,25 @@ class Fit:
         data = {"beta": (("chain", "draw", "coef"), theta[..., : lay.p])}
         coords = {"coef": list(lay.fixed)}
         for name, (levels, ix) in lay.groups.items():
-            data[f"b_{name}"] = (("chain", "draw", name), theta[..., ix])
             coords[name] = [str(v) for v in levels]
+            cols = lay.columns_of(name)
+            if len(cols) == 1:
+                data[f"b_{name}"] = (("chain", "draw", name), theta[..., ix])
+            else:
+                coords[f"{name}_coef"] = list(cols)
+                data[f"b_{name}"] = (("chain", "draw", name, f"{name}_coef"),
+                                     theta[..., ix].reshape(theta.shape[:2] + (len(levels), len(cols))))
         for k, name in enumerate(lay.variances):
             data[name] = (("chain", "draw"), sig[..., k])
+        for name, S in self._covariance_draws().items():
+            cols = lay.columns_of(name)
+            S = S.reshape(theta.shape[:2] + S.shape[1:])
+            j, k = np.tril_indices(len(cols), -1)
+            sd = np.sqrt(np.diagonal(S, axis1=-2, axis2=-1))
+            coords[f"{name}_coef"] = list(cols)
+            coords[f"{name}_pair"] = [f"{cols[b]},{cols[a]}" for a, b in zip(j, k)]
+            data[f"sigma2_{name}"] = (("chain", "draw", f"{name}_coef"), sd ** 2)
+            data[f"cor_{name}"] = (("chain", "draw", f"{name}_pair"), S[..., j, k] / (sd[..., j] * sd[..., k]))
         ds = xr.Dataset(data, coords={"chain": np.arange(theta.shape[0]), "draw": np.arange(theta.shape[1]), **coords})
         return ds
 
@@ -490,6 +561,30 @@ class Fit:
                               missing=settings["missing"])
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+def _draw_summary(d, lo_q, hi_q, mode_only=False):
+    """(mean, sd, lower, upper) of draws ``d`` (the value and NaNs for a mode)."""
+    if mode_only:
+        return (float(d[0]), np.nan, np.nan, np.nan)
+    return (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
+
+
+def add_sparse_score(F, theta_sparse, sc, rows=slice(None)):
+    """Add the eliminated random-effect term's part of the score to ``F`` (k, r) in place.
+
+    ``theta_sparse`` (k, m q) are k values of that term's coefficients (level-major), ``sc`` the
+    ``(codes, Z)`` of the new rows (code -1: unseen level, no contribution) and ``rows`` the rows
+    of ``sc`` that ``F``'s columns are.
+    """
+    if sc is None:
+        return F
+    codes, Z = sc[0][rows], sc[1][rows]
+    q = Z.shape[1]
+    seen = np.flatnonzero(codes >= 0)
+    for j in range(q):
+        F[:, seen] += theta_sparse[:, codes[seen] * q + j] * Z[seen, j]
+    return F
 
 
 def _version():

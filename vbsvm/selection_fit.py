@@ -25,7 +25,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from .results import Fit
+from .results import Fit, add_sparse_score
 
 __all__ = ["SelectionFit"]
 
@@ -198,11 +198,7 @@ class SelectionFit(Fit):
         prob = np.empty(n)
         for start in range(0, n, 2048):
             sl = slice(start, start + 2048)
-            f = draws[:, : lay.n_dense] @ dense[sl].T
-            if sc is not None:
-                s = sc[sl]
-                seen = s >= 0
-                f[:, seen] += draws[:, lay.n_dense:][:, s[seen]]
+            f = add_sparse_score(draws[:, : lay.n_dense] @ dense[sl].T, draws[:, lay.n_dense:], sc, sl)
             prob[sl] = (f > 0).mean(0)
         return pd.Series(prob, index=newdata.index,
                          name=f"P({self.design.response}={self.design.positive_level!r})")

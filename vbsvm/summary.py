@@ -115,13 +115,18 @@ def build_summary(fit, level: float) -> Summary:
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
         coef = coef.join(diag)
     smry.tables.append(frame_table(coef))
-    if fit.layout.variances:
-        smry.tables.append(frame_table(fit.varcomp(level), "Variance components and penalty"))
+    if fit.layout.variances or fit.layout.covariances:
+        vc = fit.varcomp(level)
+        if fit.method == "gibbs":  # R-hat and bulk ESS of each component (alpha is sigma2_u's)
+            diag = fit.diagnostics().reindex(vc.index)
+            vc["r_hat"] = diag["r_hat"].to_numpy()
+            vc["ess_bulk"] = diag["ess_bulk"].round().to_numpy()
+        smry.tables.append(frame_table(vc, "Variance components and penalty"))
     for title, table in fit.summary_tables(level):
         smry.tables.append(frame_table(table, title))
     notes = [
         f"Formula: {fit.design.formula}",
-        "Coefficients are on the original predictor scale; the score is f(x) = x'beta (+ random intercepts).",
+        "Coefficients are on the original predictor scale; the score is f(x) = x'beta (+ random effects z'b).",
         f"Intervals: {100 * level:g}% "
         + ("Gaussian q-intervals." if fit.method == "vb" else "equal-tailed posterior quantiles." if fit.method == "gibbs" else "not available for a mode."),
     ]

@@ -1,43 +1,50 @@
-r"""Linear Bayesian SVM with penalty inference and random intercepts.
+r"""Linear Bayesian SVM with penalty inference and random effects (intercepts and slopes).
 
-Model (Luts & Ormerod 2014, Sections 2.3 and 3.1). With the fixed-effect design
-:math:`X` (n x p, standardized), random-intercept indicators :math:`Z = [Z_1, \dots, Z_G]` and
-:math:`C = [X, Z]`, :math:`\theta = (\beta, u)`, :math:`f = C\theta`:
+Model (Luts & Ormerod 2014, Sections 2.3 and 3.1, with lme4-style random slopes). With the
+fixed-effect design :math:`X` (n x p, standardized), one block of columns :math:`Z_k` per
+random-effect term :math:`k` (for ``(1 + x | g)`` and level :math:`l` of g, the columns
+:math:`(1, x_i)` on the rows of level l and 0 elsewhere), :math:`C = [X, Z_1, \dots, Z_K]`,
+:math:`\theta = (\beta, b)`, :math:`f = C\theta`:
 
 .. math::
 
     p(y, a \mid \theta) &= \prod_i (2\pi a_i)^{-1/2} \exp\{-(1 + a_i - y_i f_i)^2 / (2 a_i)\}, \\
     \beta_j &\sim N(0, \sigma_\beta^2) \quad \text{(intercept; every fixed effect when penalty=None)}, \\
     \beta_j &\sim N(0, \sigma_u^2), \quad \sigma_u^2 = 1/(4\alpha) \quad \text{(non-intercept fixed effects)}, \\
-    u_{g,l} &\sim N(0, \sigma_g^2) \quad \text{(level l of grouping factor g)}, \\
-    \sigma_u^2, \sigma_g^2 &\sim IG(A_u, B_u) \quad \text{(each variance that is inferred)} .
+    b_{k,l} &\sim N(0, \sigma_k^2) \quad \text{(one-column term k, level l)}, \qquad
+    b_{k,l} \sim N_q(0, \Sigma_k) \quad \text{(term with q > 1 columns)}, \\
+    \sigma_u^2, \sigma_k^2 &\sim IG(A_u, B_u), \qquad \Sigma_k \sim IW(\nu, \Psi)
+        \quad (\nu = q + 1,\ \Psi = 2 B_u I \text{ by default}) .
 
 Marginally over :math:`a`, :math:`p(y \mid \theta) \propto \exp\{-2 \sum_i (1 - y_i f_i)_+\}` and, with a
 fixed penalty, :math:`-\log p(\theta \mid y) = 2 [\sum_i (1 - y_i f_i)_+ + \alpha \|\beta\|^2] + c`: the
 posterior mode is the classical SVM with cost :math:`C = 1/(2\alpha)`.
 
-Full conditionals (Appendix A) — written once here and used by both engines; VB plugs in
-expectations, Gibbs plugs in draws:
+Full conditionals (Appendix A, and the conjugate IW step for covariances) — written once here and
+used by both engines; VB plugs in expectations, Gibbs plugs in draws:
 
 .. math::
 
     \theta \mid \text{rest} &\sim N(P^{-1} C^T\{y \odot (1 + w)\},\, P^{-1}),
-        \quad P = C^T \mathrm{diag}(w) C + \mathrm{diag}(\tau), \quad w_i = 1/a_i, \\
-    \sigma_k^2 \mid \text{rest} &\sim IG(A_u + m_k/2,\, B_u + \|\theta_k\|^2 / 2), \\
+        \quad P = C^T \mathrm{diag}(w) C + T, \quad w_i = 1/a_i, \\
+    \sigma_k^2 \mid \text{rest} &\sim IG(A_u + m_k/2,\, B_u + \|\theta_k\|^2 / 2), \qquad
+    \Sigma_k \mid \text{rest} \sim IW(\nu + m_k,\, \Psi + \textstyle\sum_l b_{k,l} b_{k,l}^T), \\
     1/a_i \mid \text{rest} &\sim \mathrm{InverseGaussian}(1/|1 - y_i f_i|, 1),
 
-where :math:`\tau_j` is the prior precision of coordinate j and :math:`\theta_k` the :math:`m_k`
-coordinates governed by variance :math:`\sigma_k^2`. Mean-field VB (Algorithm 2) uses
-:math:`q(\theta) q(\sigma^2) \prod q(a_i)` with the same formulas, :math:`w_i = \chi_i^{-1/2}`,
-:math:`\tau_j = E_q[1/\sigma_k^2] = (A_u + m_k/2)/B_{q,k}` and
-:math:`B_{q,k} = B_u + (\|\mu_k\|^2 + \mathrm{tr}\,\Sigma_{kk})/2`.
+where the prior precision :math:`T` is diagonal (:math:`\tau_j`) on the fixed effects and the
+one-column terms and block diagonal (:math:`\Sigma_k^{-1}` on each level) on a term with slopes;
+:math:`\theta_k` are the :math:`m_k` coordinates governed by variance :math:`\sigma_k^2`. Mean-field
+VB (Algorithm 2) uses :math:`q(\theta) q(\sigma^2) q(\Sigma) \prod q(a_i)` with the same formulas,
+:math:`w_i = \chi_i^{-1/2}`, :math:`\tau_j = E_q[1/\sigma_k^2] = (A_u + m_k/2)/B_{q,k}`,
+:math:`B_{q,k} = B_u + (\|\mu_k\|^2 + \mathrm{tr}\,\Sigma_{kk})/2`, :math:`E_q[\Sigma_k^{-1}] = \nu_q \Psi_q^{-1}`
+and :math:`\Psi_q = \Psi + \sum_l (\mu_l\mu_l^T + \mathrm{Cov}_q(b_l))`.
 
-Structure. The grouping factor with the most levels is kept out of the dense algebra: its block of
-:math:`P` is diagonal, so it is eliminated by a Schur complement and never formed. Every other
-column (fixed effects and the indicators of the smaller factors) is dense. With :math:`q_d` dense
-columns and :math:`m` levels of the largest factor, one iteration costs
-:math:`O(n q_d^2 + q_d^3 + m q_d)` time and :math:`O(q_d^2 + m q_d)` memory beyond the data — so
-thousands of patients cost no more than a few extra fixed effects.
+Structure. The random-effect term with the most coefficients is kept out of the dense algebra: its
+block of :math:`P` is block diagonal (one q x q block per level), so it is eliminated by a Schur
+complement and never formed. Every other column (fixed effects and the smaller terms) is dense.
+With :math:`q_d` dense columns and :math:`m` levels of q coefficients in the largest term, one
+iteration costs :math:`O(n q_d^2 + q_d^3 + m q^2 q_d)` time and :math:`O(q_d^2 + m q q_d)` memory
+beyond the data — so thousands of patients cost no more than a few extra fixed effects.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..distributions import InverseGamma
+from ..distributions import InverseGamma, InverseWishart
 from . import hinge
 
 __all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision"]
@@ -69,10 +76,13 @@ def fixed_effect_precision(design, penalty, sigma2_beta) -> np.ndarray:
 
 @dataclass
 class PriorComponent:
-    """A group of coefficients sharing one prior precision.
+    """A group of coefficients sharing one prior.
 
     ``kind="fixed"``: known precision ``precision``. ``kind="variance"``: variance with an
-    ``IG(A, B)`` prior, inferred. ``index`` are the coordinates of theta it governs.
+    ``IG(A, B)`` prior, inferred. ``kind="covariance"``: the ``q x q`` covariance of a
+    random-effect term with ``q > 1`` columns, ``IW(df, scale)`` prior, inferred; its ``index``
+    is an ``(m, q)`` array (row l: the coordinates of level l). ``index`` are the coordinates of
+    theta the component governs.
     """
 
     name: str
@@ -81,21 +91,42 @@ class PriorComponent:
     precision: float = 1.0
     A: float = 0.01
     B: float = 0.01
+    df: float = 0.0
+    scale: np.ndarray | None = None
 
     @property
     def size(self) -> int:
-        return len(self.index)
+        return int(np.size(self.index))
+
+
+def _batched_cholesky_inverse(D):
+    """``(L, L^{-1})`` of a stack of SPD blocks ``D`` (m, q, q); closed form for q = 1."""
+    if D.shape[1] == 1:
+        L = np.sqrt(D)
+        return L, 1.0 / L
+    L = np.linalg.cholesky(D)
+    return L, np.linalg.solve(L, np.broadcast_to(np.eye(D.shape[1]), D.shape))
+
+
+def _spd_inverse(S) -> np.ndarray:
+    """Inverse of a small SPD matrix through its Cholesky factor."""
+    Linv = np.linalg.solve(np.linalg.cholesky(S), np.eye(len(S)))
+    return Linv.T @ Linv
 
 
 class CoefficientPosterior:
     r"""Gaussian ``N(P^{-1} b, P^{-1})`` for theta with the structure of :class:`LinearSVMModel`.
 
-    ``P = C^T diag(w) C + diag(tau)``, ``b = C^T r``. The block of the sparse grouping factor
-    is eliminated: with ``P = [[A, G^T], [G, diag(D)]]``, the Schur complement
-    ``S = A - G^T diag(1/D) G`` is factorized (Cholesky) and everything else is diagonal.
+    ``P = C^T diag(w) C + T``, ``b = C^T r``, ``T`` the prior precision: ``diag(tau)`` plus, for
+    every random-effect term with a covariance matrix, ``E[Sigma^{-1}]`` on each level's block. The
+    coordinates of the largest random-effect term (m levels of q coefficients) are eliminated: its
+    block of ``P`` is block diagonal, ``D = blockdiag(D_1..D_m)`` with ``D_l`` q x q. With
+    ``P = [[A, G^T], [G, D]]`` the Schur complement ``S = A - sum_l G_l^T D_l^{-1} G_l`` is
+    factorized (Cholesky) and everything else is a stack of q x q blocks: cost
+    ``O(n q_d^2 + q_d^3 + m q^2 q_d)``.
     """
 
-    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None):
+    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None, blocks=()):
         Cd = model.Cd
         self.model = model
         qd = model.qd
@@ -105,30 +136,71 @@ class CoefficientPosterior:
         if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
             A += extra_precision
         A[np.diag_indices(qd)] += tau[:qd]
+        sparse_prior = None
+        for index, Lam in blocks:
+            if index.min() >= qd:
+                sparse_prior = Lam
+            else:
+                A[index[:, :, None], index[:, None, :]] += Lam
         bd = Cd.T @ r
         if model.m_sparse:
-            D = model.Zt @ w + tau[qd:]
-            G = model.Zt @ (Ws * sw[:, None])  # (m, qd)
-            br = model.Zt @ r
-            GD = G / D[:, None]
-            S = A - G.T @ GD
-            h = bd - GD.T @ br
+            m, qs = model.m_sparse, model.q_sparse
+            WC = Ws * sw[:, None]
+            WZ = model.Zs * w[:, None]
+            D = np.empty((m, qs, qs))
+            G = np.empty((m, qs, qd))
+            br = np.empty((m, qs))
+            for j, Zt_j in enumerate(model.Zts):
+                D[:, j, :] = Zt_j @ WZ
+                G[:, j, :] = Zt_j @ WC
+                br[:, j] = Zt_j @ r
+            if sparse_prior is None:
+                D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
+            else:
+                D += sparse_prior
+            self.LD, self.LDinv = _batched_cholesky_inverse(D)
+            Dinv = np.swapaxes(self.LDinv, 1, 2) @ self.LDinv
+            GD = Dinv @ G  # D_l^{-1} G_l, (m, qs, qd)
+            S = A - G.reshape(m * qs, qd).T @ GD.reshape(m * qs, qd)
+            self.Dinv_br = (Dinv @ br[:, :, None])[:, :, 0]
+            h = bd - GD.reshape(m * qs, qd).T @ br.ravel()
         else:
-            D = np.zeros(0)
-            GD = np.zeros((0, qd))
-            br = np.zeros(0)
+            Dinv, GD, br = np.zeros((0, 1, 1)), np.zeros((0, 1, qd)), np.zeros((0, 1))
+            self.LD = self.LDinv = Dinv
+            self.Dinv_br = br
             S, h = A, bd
+        self.Dinv, self.GDb = Dinv, GD
         self.L = np.linalg.cholesky(S)
         # Inverse of the triangular factor, O(qd^3) once per update, with numpy's LAPACK: every
         # product with the n rows is then one numpy matrix multiply, and the hot loop never
         # alternates between numpy's and scipy's OpenBLAS (their threads fight over the cores).
         self.Linv = np.linalg.solve(self.L, np.eye(qd))
-        self.D, self.GD, self.br = D, GD, br
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
-        if model.m_sparse:
-            self.mean_sparse = br / D - GD @ self.mean_dense
-        else:
-            self.mean_sparse = np.zeros(0)
+        self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
+
+    # ------------------------------------------------- random-intercept (q = 1) views
+    def _set_intercept_blocks(self, D, GD, br):
+        """Set the eliminated block from its random-intercept form: ``D`` (m,), ``GD = G / D``
+        (m, q_d), ``br`` (m,) (for posteriors built by other models' algebra)."""
+        self.LD = np.sqrt(D)[:, None, None]
+        self.LDinv = 1.0 / self.LD
+        self.Dinv = self.LDinv ** 2
+        self.GDb = GD[:, None, :]
+        self.Dinv_br = (br / D)[:, None] if D.size else np.zeros((0, 1))
+
+    @property
+    def D(self) -> np.ndarray:
+        """Diagonal of the eliminated block of ``P`` (random intercepts only)."""
+        return 1.0 / self.Dinv[:, 0, 0]
+
+    @property
+    def GD(self) -> np.ndarray:
+        """``diag(1/D) G`` as an (m, q_d) array (random intercepts only)."""
+        return self.GDb[:, 0, :]
+
+    @property
+    def br(self) -> np.ndarray:
+        return self.Dinv_br[:, 0] * self.D
 
     # ---------------------------------------------------------------- moments
     @property
@@ -139,43 +211,67 @@ class CoefficientPosterior:
         """Covariance of the dense coordinates, ``S^{-1} = L^{-T} L^{-1}``."""
         return self.Linv.T @ self.Linv
 
+    def _sparse_loadings(self) -> np.ndarray:
+        """``E_l = D_l^{-1} G_l L^{-T}``, stacked (m * q, q_d): Cov(sparse) = D^{-1} + E E^T."""
+        return self.GDb.reshape(-1, self.model.qd) @ self.Linv.T
+
     def diag_cov(self) -> np.ndarray:
         """Marginal variances of all coordinates of theta."""
         dense = np.einsum("ij,ij->j", self.Linv, self.Linv)
         if self.model.m_sparse:
-            E = self.GD @ self.Linv.T  # rows: L^{-1} (G_l / D_l)
-            sparse = 1.0 / self.D + np.einsum("ij,ij->i", E, E)
+            E = self._sparse_loadings()
+            sparse = np.diagonal(self.Dinv, axis1=1, axis2=2).ravel() + np.einsum("ij,ij->i", E, E)
         else:
             sparse = np.zeros(0)
         return np.concatenate([dense, sparse])
 
+    def sparse_block_cov(self) -> np.ndarray:
+        """Marginal covariance of each level's block of the eliminated term, (m, q, q)."""
+        m, qs = self.Dinv.shape[:2]
+        E = self._sparse_loadings().reshape(m, qs, -1)
+        return self.Dinv + E @ np.swapaxes(E, 1, 2)
+
+    def block_cov(self, index) -> np.ndarray:
+        """Covariance blocks of coordinates ``index`` (m, q): one q x q block per row."""
+        qd = self.model.qd
+        if index.min() >= qd:
+            return self.sparse_block_cov()
+        return self.cov_dense()[index[:, :, None], index[:, None, :]]
+
     def cov_dense_sparse(self) -> np.ndarray:
-        """Cross-covariance ``Cov(theta_dense, theta_sparse) = -S^{-1} G^T diag(1/D)``, (qd, m)."""
-        return -(self.cov_dense() @ self.GD.T)
+        """Cross-covariance ``Cov(theta_dense, theta_sparse) = -S^{-1} G^T D^{-1}``, (qd, m q)."""
+        return -(self.cov_dense() @ self.GDb.reshape(-1, self.model.qd).T)
 
     def logdet_cov(self) -> float:
-        return float(-2.0 * np.log(np.diag(self.L)).sum() - np.log(self.D).sum())
+        logdet_D = 2.0 * np.log(np.diagonal(self.LD, axis1=1, axis2=2)).sum()
+        return float(-2.0 * np.log(np.diag(self.L)).sum() - logdet_D)
 
     def linear_predictor(self):
         """Mean and variance of ``f_i = c_i^T theta`` under this Gaussian, for every row."""
         m = self.model
         mean = m.Cd @ self.mean_dense
         if m.m_sparse:
-            mean = mean + self.mean_sparse[m.codes]
-            V = (m.Cd - self.GD[m.codes]) @ self.Linv.T
-            var = np.einsum("ij,ij->i", V, V) + 1.0 / self.D[m.codes]
+            qs = m.q_sparse
+            ms = self.mean_sparse.reshape(-1, qs)[m.codes]
+            mean = mean + np.einsum("ij,ij->i", m.Zs, ms)
+            # row i's loading on the dense coordinates once its block is eliminated
+            R = m.Cd - sum(m.Zs[:, j, None] * self.GDb[m.codes, j, :] for j in range(qs))
+            V = R @ self.Linv.T
+            Dz = np.einsum("ijk,ik->ij", self.Dinv[m.codes], m.Zs)
+            var = np.einsum("ij,ij->i", V, V) + np.einsum("ij,ij->i", Dz, m.Zs)
         else:
             V = m.Cd @ self.Linv.T
             var = np.einsum("ij,ij->i", V, V)
         return mean, var
 
     def sample(self, rng) -> np.ndarray:
-        """One draw of theta (dense part from ``N(S^{-1}h, S^{-1})``, sparse part given it)."""
+        """One draw of theta (dense part from ``N(S^{-1}h, S^{-1})``, sparse blocks given it)."""
         zd = rng.standard_normal(self.model.qd)
         dense = self.mean_dense + self.Linv.T @ zd
         if self.model.m_sparse:
-            zr = rng.standard_normal(self.D.size)
-            sparse = self.br / self.D - self.GD @ dense + zr / np.sqrt(self.D)
+            zr = rng.standard_normal(self.Dinv_br.shape)
+            noise = (np.swapaxes(self.LDinv, 1, 2) @ zr[:, :, None])[:, :, 0]
+            sparse = (self.Dinv_br - self.GDb @ dense + noise).ravel()
         else:
             sparse = np.zeros(0)
         return np.concatenate([dense, sparse])
@@ -246,7 +342,7 @@ class WoodburyPosterior(CoefficientPosterior):
         self.mean_dense = mean
         self.M = Ca - Cb @ self.G  # score loadings of theta_a given the b block
         self.mean_sparse = np.zeros(0)
-        self.D, self.GD, self.br = np.zeros(0), np.zeros((0, qd)), np.zeros(0)
+        self._set_intercept_blocks(np.zeros(0), np.zeros((0, qd)), np.zeros(0))
         self._Linv = None
 
     @property
@@ -317,6 +413,29 @@ class WoodburyPosterior(CoefficientPosterior):
         return out
 
 
+def _term_columns(codes, m, Z) -> np.ndarray:
+    """Dense columns of a random-effect term: column ``l q + j`` is ``Z[:, j]`` on the rows of
+    level ``l`` and 0 elsewhere."""
+    n, q = Z.shape
+    E = np.zeros((n, m * q))
+    E[np.arange(n)[:, None], codes[:, None] * q + np.arange(q)] = Z
+    return E
+
+
+def _pack_spd(M) -> np.ndarray:
+    """An SPD matrix as an unconstrained vector: log-diagonal and lower triangle of its Cholesky
+    factor (every real vector is a valid matrix, so SQUAREM may extrapolate it)."""
+    L = np.linalg.cholesky(M)
+    return np.concatenate([np.log(np.diag(L)), L[np.tril_indices(len(M), -1)]])
+
+
+def _unpack_spd(v, q) -> np.ndarray:
+    L = np.zeros((q, q))
+    L[np.diag_indices(q)] = np.exp(v[:q])
+    L[np.tril_indices(q, -1)] = v[q:]
+    return L @ L.T
+
+
 class LinearSVMModel:
     """The blocks of the linear Bayesian SVM (coefficients, variances, augmentation).
 
@@ -326,26 +445,36 @@ class LinearSVMModel:
         Fixed-effect design.
     y : ndarray (n,)
         Labels in {-1, +1}.
-    groups : list of (codes, n_levels, name)
-        Random-intercept factors; ``codes`` are level indices per row.
+    groups : list of (codes, n_levels, name) or (codes, n_levels, name, Z)
+        Random-effect terms; ``codes`` are level indices per row, ``Z`` (n, q) the term's column
+        values (None or absent: a random intercept). A term with q > 1 columns gets a q x q
+        covariance with an ``IW(re_df, re_scale)`` prior, a term with one column a variance with
+        the ``IG(A, B)`` prior.
     fixed_precision : ndarray (p,)
         Prior precision of each fixed effect that has a known prior; NaN marks the
         coefficients under the inferred penalty variance ``sigma2_u``.
     A, B : float
         ``IG(A, B)`` prior of every inferred variance.
+    re_df, re_scale : float and (q, q) array, optional
+        Inverse-Wishart prior of the random-effect covariances: default ``df = q + 1`` (uniform
+        marginal prior on each correlation) and ``scale = 2 B I`` (each variance then has the
+        marginal prior ``IG(1, B)``, close to the ``IG(A, B)`` of a single variance).
     """
 
-    def __init__(self, X, y, groups, fixed_precision, A=0.01, B=0.01):
+    def __init__(self, X, y, groups, fixed_precision, A=0.01, B=0.01, re_df=None, re_scale=None):
         n, p = X.shape
         self.n, self.p = n, p
         self.y = np.asarray(y, dtype=float)
         self.A, self.B = float(A), float(B)
-        groups = list(groups)
-        # The factor with most levels is eliminated by the Schur complement; others go dense.
-        order = sorted(range(len(groups)), key=lambda k: -groups[k][1])
-        self.sparse_group = order[0] if groups else None
+        terms = []
+        for g in groups:
+            codes, m, name = g[:3]
+            Z = g[3] if len(g) > 3 and g[3] is not None else np.ones((n, 1))
+            terms.append((np.asarray(codes, dtype=np.int64), int(m), name, np.asarray(Z, dtype=float)))
+        # The term with most coefficients is eliminated by the Schur complement; others go dense.
+        order = sorted(range(len(terms)), key=lambda k: -terms[k][1] * terms[k][3].shape[1])
+        self.sparse_group = order[0] if terms else None
         dense_blocks = [np.asarray(X, dtype=float)]
-        self.coord_names = []
         self.components: list[PriorComponent] = []
         fixed_precision = np.asarray(fixed_precision, dtype=float)
         penalized = np.flatnonzero(np.isnan(fixed_precision))
@@ -356,92 +485,142 @@ class LinearSVMModel:
         offset = p
         self.group_slices = {}
         for k in order[1:]:
-            codes, m, name = groups[k]
-            dense_blocks.append(np.eye(m)[codes])
-            self.group_slices[name] = np.arange(offset, offset + m)
-            offset += m
+            codes, m, name, Z = terms[k]
+            q = Z.shape[1]
+            dense_blocks.append(_term_columns(codes, m, Z))
+            self.group_slices[name] = np.arange(offset, offset + m * q)
+            offset += m * q
         self.qd = offset
         self.Cd = np.asfortranarray(np.hstack(dense_blocks))
         if self.sparse_group is not None:
-            codes, m, name = groups[self.sparse_group]
-            self.codes = np.asarray(codes, dtype=np.int64)
-            self.m_sparse = m
-            self.Zt = sp.csr_matrix((np.ones(n), (self.codes, np.arange(n))), shape=(m, n))
-            self.group_slices[name] = np.arange(offset, offset + m)
-            offset += m
+            codes, m, name, Z = terms[self.sparse_group]
+            self.codes = codes
+            self.m_sparse, self.q_sparse = m, Z.shape[1]
+            self.Zs = np.asfortranarray(Z)
+            rows = np.arange(n)
+            self.Zt = sp.csr_matrix((np.ones(n), (codes, rows)), shape=(m, n))
+            self.Zts = [sp.csr_matrix((Z[:, j], (codes, rows)), shape=(m, n)) for j in range(Z.shape[1])]
+            self.group_slices[name] = np.arange(offset, offset + m * Z.shape[1])
+            offset += m * Z.shape[1]
         else:
-            self.codes = None
-            self.m_sparse = 0
-            self.Zt = None
+            self.codes = self.Zt = self.Zs = None
+            self.m_sparse, self.q_sparse = 0, 1
+            self.Zts = []
         self.q = offset
-        for codes, m, name in groups:
-            self.components.append(
-                PriorComponent(f"sigma2_{name}", "variance", self.group_slices[name], A=A, B=B)
-            )
+        for codes, m, name, Z in terms:
+            q = Z.shape[1]
+            if q == 1:
+                self.components.append(PriorComponent(f"sigma2_{name}", "variance", self.group_slices[name], A=A, B=B))
+            else:
+                scale = 2.0 * B * np.eye(q) if re_scale is None else np.asarray(re_scale, dtype=float)
+                self.components.append(PriorComponent(
+                    f"Sigma_{name}", "covariance", self.group_slices[name].reshape(m, q),
+                    df=float(q + 1 if re_df is None else re_df), scale=scale))
         self.variance_components = [c for c in self.components if c.kind == "variance"]
+        self.covariance_components = [c for c in self.components if c.kind == "covariance"]
+        self._diagonal_prior = np.ones(self.q, dtype=bool)
+        for c in self.covariance_components:
+            self._diagonal_prior[c.index.ravel()] = False
         #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
         self.blas_work = float(n) * self.qd ** 2
 
     @classmethod
     def from_design(cls, design, settings) -> "LinearSVMModel":
         """The model :func:`vbsvm.svm` builds from a :class:`~vbsvm.design.Design` and its settings."""
-        groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
+        groups = [(g.codes, g.n_levels, g.name, g.Z) for g in design.groups]
         precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
-        return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"])
+        return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"],
+                   re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
 
     # ------------------------------------------------------------------ algebra
     def predictor(self, theta) -> np.ndarray:
         f = self.Cd @ theta[: self.qd]
         if self.m_sparse:
-            f = f + theta[self.qd :][self.codes]
+            b = theta[self.qd:].reshape(self.m_sparse, self.q_sparse)[self.codes]
+            f = f + np.einsum("ij,ij->i", self.Zs, b)
         return f
 
     def prior_precision(self, variance_precisions) -> np.ndarray:
-        """Vector tau of prior precisions, given one precision per variance component."""
-        tau = np.empty(self.q)
+        """Vector tau of prior precisions, given one precision per variance component (0 on the
+        coordinates of covariance components, whose precision comes from :meth:`prior_blocks`)."""
+        tau = np.zeros(self.q)
         it = iter(variance_precisions)
         for c in self.components:
-            tau[c.index] = c.precision if c.kind == "fixed" else next(it)
+            if c.kind != "covariance":
+                tau[c.index] = c.precision if c.kind == "fixed" else next(it)
         return tau
 
-    def coefficient_posterior(self, w, tau) -> CoefficientPosterior:
-        """Full conditional (Gibbs) or optimal q (VB) of theta given w and tau (through n x n
-        Woodbury systems when there are fewer rows than coefficients and no factor to eliminate)."""
-        if WoodburyPosterior.applicable(self, tau):
-            return WoodburyPosterior(self, w, tau, hinge.working_response(self.y, w))
-        return CoefficientPosterior(self, w, tau, hinge.working_response(self.y, w))
+    def prior_blocks(self, covariance_precisions) -> list:
+        """``(index, Lambda)`` of each covariance component, given its precision matrix."""
+        return [(c.index, Lam) for c, Lam in zip(self.covariance_components, covariance_precisions)]
+
+    def coefficient_posterior(self, w, tau, blocks=()) -> CoefficientPosterior:
+        """Full conditional (Gibbs) or optimal q (VB) of theta given w and the prior precision
+        (through n x n Woodbury systems when there are fewer rows than coefficients and no
+        random-effect term)."""
+        r = hinge.working_response(self.y, w)
+        if not blocks and WoodburyPosterior.applicable(self, tau):
+            return WoodburyPosterior(self, w, tau, r)
+        return CoefficientPosterior(self, w, tau, r, blocks=blocks)
 
     def second_moments(self, mean, diag_cov) -> np.ndarray:
         """``||mu_k||^2 + tr(Sigma_kk)`` for every variance component."""
         return np.array([np.sum(mean[c.index] ** 2 + diag_cov[c.index]) for c in self.variance_components])
+
+    def scatter_matrices(self, theta) -> list:
+        """``sum_l b_l b_l^T`` of every covariance component at coefficients ``theta``."""
+        return [theta[c.index].T @ theta[c.index] for c in self.covariance_components]
 
     def variance_posterior(self, sq) -> InverseGamma:
         """IG factor (VB) or full conditional (Gibbs) of every variance, given sum of squares ``sq``."""
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
         return InverseGamma(self.A + sizes / 2.0, self.B + np.asarray(sq) / 2.0)
 
+    def covariance_posteriors(self, scatters) -> list:
+        """IW factor (VB) or full conditional (Gibbs) of every covariance, given the (expected)
+        scatter matrices ``sum_l b_l b_l^T``."""
+        return [InverseWishart(c.scale + S, c.df + len(c.index))
+                for c, S in zip(self.covariance_components, scatters)]
+
     # ------------------------------------------------------------------ VB
     def vb_initial_state(self):
-        """State vector of coordinate ascent: ``(log chi, log B_q)``; starts at w = 1, E[tau] = 1."""
+        """State vector of coordinate ascent: ``(log chi, log B_q, packed IW scales)``; starts at
+        w = 1 and prior precisions E[tau] = 1, E[Sigma^{-1}] = I."""
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
-        return np.concatenate([np.zeros(self.n), np.log(self.A + sizes / 2.0)])
+        iw = [_pack_spd((c.df + len(c.index)) * np.eye(c.index.shape[1])) for c in self.covariance_components]
+        return np.concatenate([np.zeros(self.n), np.log(self.A + sizes / 2.0), *iw])
+
+    def _unpack_state(self, state):
+        n, k = self.n, len(self.variance_components)
+        chi, Bq = np.exp(state[:n]), np.exp(state[n:n + k])
+        covs, at = [], n + k
+        for c in self.covariance_components:
+            q = c.index.shape[1]
+            size = q * (q + 1) // 2
+            covs.append(InverseWishart(_unpack_spd(state[at:at + size], q), c.df + len(c.index)))
+            at += size
+        return chi, Bq, covs
 
     def vb_sweep(self, state):
-        """One pass of Algorithm 2 from ``state``; returns ``(new_state, q, elbo)``."""
-        chi = np.exp(state[: self.n])
-        Bq = np.exp(state[self.n :])
+        """One pass of Algorithm 2 from ``state``; returns ``(new_state, q, elbo)``. Covariance
+        components get ``q(Sigma) = IW(scale + sum_l E[b_l b_l^T], df + m)``."""
+        chi, Bq, q_cov = self._unpack_state(state)
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
         Aq = self.A + sizes / 2.0
         w = hinge.expected_inverse(chi)
-        post = self.coefficient_posterior(w, self.prior_precision(Aq / Bq))
+        post = self.coefficient_posterior(w, self.prior_precision(Aq / Bq),
+                                          self.prior_blocks([qc.mean_inv() for qc in q_cov]))
         mean = post.mean
         dcov = post.diag_cov()
         mf, vf = post.linear_predictor()
         chi_new = hinge.update_chi(self.y, mf, vf)
         q_var = self.variance_posterior(self.second_moments(mean, dcov))
+        scatters = [m_.T @ m_ + post.block_cov(c.index).sum(0)
+                    for c, m_ in ((c, mean[c.index]) for c in self.covariance_components)]
+        q_cov = self.covariance_posteriors(scatters)
         q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "chi": chi_new,
-             "variances": q_var, "mean_f": mf, "var_f": vf}
-        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b)])
+             "variances": q_var, "covariances": q_cov, "scatters": scatters, "mean_f": mf, "var_f": vf}
+        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b), *(_pack_spd(qc.scale) for qc in q_cov)])
         return new_state, q, self.elbo(q)
 
     def elbo(self, q) -> float:
@@ -449,23 +628,31 @@ class LinearSVMModel:
         mean, dcov = q["theta_mean"], q["theta_var"]
         value = hinge.elbo(self.y, q["mean_f"], q["var_f"], q["chi"])
         qv = q["variances"]
-        e_tau = self.prior_precision(np.atleast_1d(qv.mean_inv()))
+        diag = self._diagonal_prior
+        e_tau = self.prior_precision(np.atleast_1d(qv.mean_inv()))[diag]
         # E[log tau_j]: log of the known precision, or E_q[log 1/sigma2_k] (geometric mean of tau)
-        e_log_tau = np.log(self.prior_precision(np.exp(-np.atleast_1d(qv.mean_log()))))
-        value += float(np.sum(-0.5 * LOG_2PI + 0.5 * e_log_tau - 0.5 * e_tau * (mean ** 2 + dcov)))
+        e_log_tau = np.log(self.prior_precision(np.exp(-np.atleast_1d(qv.mean_log())))[diag])
+        value += float(np.sum(-0.5 * LOG_2PI + 0.5 * e_log_tau - 0.5 * e_tau * (mean[diag] ** 2 + dcov[diag])))
         value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * q["theta"].logdet_cov()
         if self.variance_components:
             prior = InverseGamma(self.A, self.B)
             value += float(np.sum(prior.expected_logpdf(qv) + qv.entropy()))
+        for c, qc, S in zip(self.covariance_components, q.get("covariances", ()), q.get("scatters", ())):
+            m, k = c.index.shape
+            # E log N(b_l; 0, Sigma) summed over levels, then the IW prior and entropy
+            value += -0.5 * m * k * LOG_2PI - 0.5 * m * qc.mean_logdet() - 0.5 * np.sum(qc.mean_inv() * S)
+            value += InverseWishart(c.scale, c.df).expected_logpdf(qc) + qc.entropy()
         return value
 
     # ------------------------------------------------------------------ Gibbs
     def gibbs_initial_state(self, rng):
-        return {"w": np.ones(self.n), "tau": np.ones(len(self.variance_components))}
+        return {"w": np.ones(self.n), "tau": np.ones(len(self.variance_components)),
+                "Lam": [np.eye(c.index.shape[1]) for c in self.covariance_components]}
 
     def gibbs_sweep(self, state, rng):
-        """Draw theta | w, tau; then 1/a | theta; then every variance | theta."""
-        post = self.coefficient_posterior(state["w"], self.prior_precision(state["tau"]))
+        """Draw theta | w, prior; then 1/a | theta; then every variance and covariance | theta."""
+        post = self.coefficient_posterior(state["w"], self.prior_precision(state["tau"]),
+                                          self.prior_blocks(state.get("Lam", ())))
         theta = post.sample(rng)
         f = self.predictor(theta)
         w = hinge.sample_inverse(self.y, f, rng)
@@ -474,36 +661,50 @@ class LinearSVMModel:
             sigma2 = self.variance_posterior(sq).sample(rng)
         else:
             sigma2 = np.zeros(0)
-        return {"w": w, "tau": 1.0 / sigma2, "theta": theta, "sigma2": sigma2, "f": f,
+        Sigmas = [qc.sample(rng) for qc in self.covariance_posteriors(self.scatter_matrices(theta))]
+        Lam = [_spd_inverse(S) for S in Sigmas]
+        return {"w": w, "tau": 1.0 / sigma2, "Lam": Lam, "theta": theta, "sigma2": sigma2,
+                "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0), "f": f,
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
     # ------------------------------------------------------------------ MAP
-    def map_step(self, theta, sigma2):
-        """One EM step for the joint posterior mode of (theta, variances).
+    def map_step(self, theta, sigma2, covs=()):
+        """One EM step for the joint posterior mode of (theta, variances, covariances).
 
         E-step: ``E[1/a_i | theta] = 1/|1 - y_i f_i|``; M-step: theta from the Gaussian full
-        conditional's mean, each variance from the mode of its IG full conditional with the
-        expected sufficient statistics, ``(B + ||theta_k||^2/2) / (A + 1 + m_k/2)``.
+        conditional's mean, each variance from the mode of its IG full conditional,
+        ``(B + ||theta_k||^2/2) / (A + 1 + m_k/2)``, each covariance from the mode of its IW full
+        conditional, ``(scale + sum_l b_l b_l^T) / (df + m + q + 1)``.
         """
         f = self.predictor(theta)
         gap = np.maximum(np.abs(1.0 - self.y * f), np.sqrt(hinge.CHI_FLOOR))
         w = 1.0 / gap
-        post = self.coefficient_posterior(w, self.prior_precision(1.0 / sigma2))
+        post = self.coefficient_posterior(w, self.prior_precision(1.0 / np.asarray(sigma2)),
+                                          self.prior_blocks([_spd_inverse(S) for S in covs]))
         theta = post.mean
         if self.variance_components:
             sizes = np.array([c.size for c in self.variance_components], dtype=float)
             sq = np.array([np.sum(theta[c.index] ** 2) for c in self.variance_components])
             sigma2 = (self.B + sq / 2.0) / (self.A + 1.0 + sizes / 2.0)
-        return theta, sigma2
+        covs = [(c.scale + S) / (c.df + c.index.shape[0] + c.index.shape[1] + 1.0)
+                for c, S in zip(self.covariance_components, self.scatter_matrices(theta))]
+        return theta, sigma2, covs
 
-    def log_posterior(self, theta, sigma2) -> float:
-        """Log joint pseudo-posterior (up to a constant) of (theta, variances)."""
+    def log_posterior(self, theta, sigma2, covs=()) -> float:
+        """Log joint pseudo-posterior (up to a constant) of (theta, variances, covariances)."""
         f = self.predictor(theta)
-        tau = self.prior_precision(1.0 / np.asarray(sigma2))
-        value = -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum() - 0.5 * np.sum(tau * theta ** 2)
+        diag = self._diagonal_prior
+        tau = self.prior_precision(1.0 / np.asarray(sigma2))[diag]
+        value = -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum() - 0.5 * np.sum(tau * theta[diag] ** 2)
         value += 0.5 * np.sum(np.log(tau))
         for s in np.atleast_1d(sigma2):
             value += -(self.A + 1.0) * np.log(s) - self.B / s
+        for c, S in zip(self.covariance_components, covs):
+            B = theta[c.index]
+            L = np.linalg.cholesky(S)
+            Y = np.linalg.solve(L, B.T)
+            value += -0.5 * np.sum(Y * Y) - B.shape[0] * np.log(np.diag(L)).sum()
+            value += float(InverseWishart(c.scale, c.df).logpdf(S))
         return float(value)
 
     def polish_mode(self, theta, tol=1e-6):
@@ -549,4 +750,4 @@ class LinearSVMModel:
         """``C`` as a dense matrix (columns in theta order). Only for small problems (polishing)."""
         if not self.m_sparse:
             return self.Cd
-        return np.hstack([self.Cd, np.eye(self.m_sparse)[self.codes]])
+        return np.hstack([self.Cd, _term_columns(self.codes, self.m_sparse, self.Zs)])

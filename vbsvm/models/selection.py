@@ -205,7 +205,7 @@ class SelectionPosterior(CoefficientPosterior):
         self.Linv, status = dtrtri(self.L, lower=1)
         if status != 0:
             raise np.linalg.LinAlgError("singular Cholesky factor of the coefficient precision")
-        self.D, self.GD, self.br = D, GD, br
+        self._set_intercept_blocks(D, GD, br)
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
         self.mean_sparse = br / D - GD @ self.mean_dense if base.m_sparse else np.zeros(0)
 
