@@ -216,23 +216,28 @@ def _locate(name: str, stem: str, data_home) -> tuple[Traversable, Traversable]:
             return directory, found
         state = "no such file" if directory.is_dir() else "directory does not exist"
         tried.append(f"  {directory}  ({origin}; {state}: {stem}.csv or {stem}.csv.gz)")
-    folder = stem.split("/")[0]
+    bundled = _bundled_dir()
+    if _file_in(bundled, stem) is not None:  # only an explicit data_home can miss a shipped file
+        hint = f"vbsvm ships {name!r} in {bundled}: call load({name!r}) without data_home to read it."
+    else:
+        folder = stem.split("/")[0]
+        hint = (
+            f"Pass data_home='/path/to/data' or set the environment variable {ENV_VAR} to a "
+            f"directory that holds {stem}.csv ({folder}/PROVENANCE.md in {bundled} says where "
+            f"{folder!r} comes from)."
+        )
     raise DataNotFoundError(
         f"data set {name!r} needs the file {stem}.csv (or .csv.gz), which was not found. "
-        "Directories tried:\n"
-        + "\n".join(tried)
-        + f"\nPass data_home='/path/to/data' or set the environment variable {ENV_VAR} to a "
-        f"directory that holds {folder}/{stem.split('/')[1]}.csv. Every data set vbsvm ships is in "
-        f"{_bundled_dir()}; {folder}/PROVENANCE.md there says where {folder!r} comes from."
+        "Directories tried:\n" + "\n".join(tried) + "\n" + hint
     )
 
 
-def _read_csv(source: Traversable, name: str, shape: tuple[int, int] | None) -> pd.DataFrame:
+def _read_csv(source: Traversable, name: str, shape: tuple[int, int]) -> pd.DataFrame:
     compression = "gzip" if source.name.endswith(".gz") else None
     with source.open("rb") as fh:
         # Only the literal token "NA" means missing (the convention of the data files).
         df = pd.read_csv(fh, compression=compression, keep_default_na=False, na_values=["NA"])
-    if shape is not None and df.shape != shape:
+    if df.shape != shape:
         raise DataFormatError(
             f"data set {name!r}: file {source} has {df.shape[0]} rows x {df.shape[1]} columns, "
             f"expected {shape[0]} x {shape[1]}; is it the right file?"
