@@ -1,8 +1,16 @@
-"""Tests of vbsvm.datasets: loaders (bundled toenail, shared data directory) and simulators."""
+"""Tests of vbsvm.datasets: the shipped data files, the loaders and the simulators.
+
+Everything here reads the package's own files (the top-level ``data/`` of a checkout, or
+``vbsvm/datasets/data`` of an installed wheel) or files the test writes itself; nothing outside
+the repository is needed. ``.ci/run`` runs this file once more against an installed wheel.
+"""
 
 from __future__ import annotations
 
-import os
+import gzip
+import hashlib
+import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -25,24 +33,35 @@ from vbsvm.datasets import (
 )
 
 ENV = "VBSVM_DATA"
+BUNDLED = loaders._bundled_dir()
+FOLDERS = ("acath", "raetsch", "spam", "toenail", "usps")
+
+# A row of the "Files" table of a PROVENANCE.md: | `name.csv[.gz]` | rows | columns | `sha256` | ...
+_FILE_ROW = re.compile(r"^\| `([\w.]+\.csv(?:\.gz)?)` \| (\d+) \| (\d+) \| `([0-9a-f]{64})` \|", re.M)
 
 
-def _shared_dir() -> Path:
-    env = os.environ.get(ENV, "").strip()
-    return Path(env) if env else loaders._DEFAULT_DATA_DIR
+def _recorded_files() -> dict[str, tuple[int, int, str]]:
+    """``"<folder>/<file>"`` -> (rows, columns, sha256) for every file the PROVENANCE.md files list."""
+    recorded = {}
+    for folder in FOLDERS:
+        text = BUNDLED.joinpath(folder, "PROVENANCE.md").read_text(encoding="utf-8")
+        for file, rows, cols, sha in _FILE_ROW.findall(text):
+            recorded[f"{folder}/{file}"] = (int(rows), int(cols), sha)
+    return recorded
 
 
-SHARED = _shared_dir()
-needs_shared = pytest.mark.skipif(
-    not (SHARED / "raetsch").is_dir(),
-    reason=f"shared data directory {SHARED} is absent (set {ENV} to the folder holding "
-    "toenail/, spam/, acath/, raetsch/, usps/)",
-)
+RECORDED = _recorded_files()
+SHIPPED = sorted(key for key in RECORDED if key.endswith(".csv.gz"))
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def no_env(monkeypatch):
+    """Tests see the shipped data unless they set VBSVM_DATA themselves."""
     monkeypatch.delenv(ENV, raising=False)
+
+
+def _in_bundle(source: str) -> bool:
+    return Path(source).is_relative_to(Path(str(BUNDLED)))
 
 
 def _fake_titanic(directory: Path, value: float) -> Path:
@@ -54,43 +73,56 @@ def _fake_titanic(directory: Path, value: float) -> Path:
     return path
 
 
-# ---------------------------------------------------------------- bundled toenail
+# ---------------------------------------------------------------- shipped files
 
 
-def test_bundled_toenail(monkeypatch, tmp_path):
-    # Found even when no data directory exists.
-    monkeypatch.setenv(ENV, str(tmp_path / "nowhere"))
-    monkeypatch.setattr(loaders, "_DEFAULT_DATA_DIR", tmp_path / "nowhere_either")
-    df = load("toenail")
-    assert df.shape == (1908, 7)
-    assert list(df.columns) == [
-        "patient_id", "outcome", "treatment", "time", "visit", "y", "terbinafine",
-    ]
-    assert df["patient_id"].nunique() == 294
-    assert int(df["y"].sum()) == 408
-    assert set(df["outcome"]) == {"none or mild", "moderate or severe"}
-    assert (df["y"] == (df["outcome"] == "moderate or severe")).all()
-    assert (df["terbinafine"] == (df["treatment"] == "terbinafine")).all()
-    assert df["visit"].value_counts().sort_index().tolist() == [294, 288, 283, 272, 263, 244, 264]
-    assert df["time"].min() == 0.0 and df["time"].max() == pytest.approx(18.5, abs=0.1)
-    assert not df.isna().any().any()
-    assert df.attrs["dataset"] == "toenail"
+def test_every_folder_has_its_provenance():
+    folders = sorted(p.name for p in BUNDLED.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert folders == list(FOLDERS)
+    for folder in FOLDERS:
+        text = BUNDLED.joinpath(folder, "PROVENANCE.md").read_text(encoding="utf-8")
+        assert re.search(r"^##.*licen", text, re.M | re.I) and "sha256" in text, folder
+        listed = [key for key in RECORDED if key.startswith(folder + "/")]
+        assert listed, f"{folder}/PROVENANCE.md lists no file"
+        if folder == "usps":
+            assert "not shipped" in text.lower()
+        else:
+            assert "gzip -9n" in text, folder
 
 
-@needs_shared
-def test_bundled_toenail_equals_shared_copy():
-    bundled = load("toenail")
-    shared = load("toenail", data_home=SHARED)
-    pd.testing.assert_frame_equal(bundled, shared, check_exact=True)
-    assert Path(shared.attrs["source"]) == SHARED / "toenail" / "toenail.csv"
+def test_shipped_files_are_exactly_the_recorded_ones():
+    present = sorted(
+        f"{folder.name}/{f.name}"
+        for folder in BUNDLED.iterdir() if folder.is_dir()
+        for f in folder.iterdir() if f.name != "PROVENANCE.md"
+    )
+    assert present == SHIPPED
+    assert len(SHIPPED) == 17  # toenail, 2 spam, acath, 13 Rätsch files
 
 
-def test_provenance_file_present():
-    text = (Path(loaders.__file__).parent / "data" / "PROVENANCE.md").read_text()
-    assert "r-cran-hsaur3" in text and "GPL-2" in text and "sha256" in text
+@pytest.mark.parametrize("key", SHIPPED)
+def test_shipped_file_matches_provenance(key):
+    rows, cols, sha = RECORDED[key]
+    raw = gzip.decompress(BUNDLED.joinpath(*key.split("/")).read_bytes())
+    assert hashlib.sha256(raw).hexdigest() == sha
+    lines = raw.decode("utf-8").split("\n")
+    assert lines[-1] == "" and "\r" not in raw.decode("utf-8")
+    assert len(lines) - 2 == rows and len(lines[0].split(",")) == cols
 
 
-# ---------------------------------------------------------------- shared data sets
+def test_bundled_dir_resolution(tmp_path):
+    package, checkout = tmp_path / "site" / "vbsvm" / "datasets" / "data", tmp_path / "repo"
+    # A source checkout (setup.py and data/ beside the package) is used when the package has no data.
+    (checkout / "data").mkdir(parents=True)
+    assert loaders._bundled_dir(package, checkout) == package  # not a checkout yet: no setup.py
+    (checkout / "setup.py").touch()
+    assert loaders._bundled_dir(package, checkout) == checkout / "data"
+    # An installed package's own data win.
+    package.mkdir(parents=True)
+    assert loaders._bundled_dir(package, checkout) == package
+
+
+# ---------------------------------------------------------------- loading the shipped sets
 
 SHAPES = {
     "toenail": (1908, 7),
@@ -114,7 +146,7 @@ SHAPES = {
     "raetsch/twonorm_delve_raw": (7400, 21),
 }
 
-# (-1, +1) counts from the shared README.
+# (-1, +1) counts, as recorded in data/raetsch/PROVENANCE.md.
 LABEL_COUNTS = {
     "breast_cancer": (186, 77),
     "diabetis": (500, 268),
@@ -135,18 +167,32 @@ def test_available_lists_every_name():
     assert datasets.available is available
 
 
-@needs_shared
-@pytest.mark.parametrize("name", sorted(SHAPES))
-def test_shapes(name):
-    df = load(name, data_home=SHARED)
+@pytest.mark.parametrize("name", sorted(set(SHAPES) - {"usps"}))
+def test_shipped_shapes(name):
+    df = load(name)
     assert df.shape == SHAPES[name]
     assert df.attrs["dataset"] == name
+    assert _in_bundle(df.attrs["source"]) and df.attrs["source"].endswith(".csv.gz")
 
 
-@needs_shared
+def test_toenail():
+    df = load("toenail")
+    assert list(df.columns) == [
+        "patient_id", "outcome", "treatment", "time", "visit", "y", "terbinafine",
+    ]
+    assert df["patient_id"].nunique() == 294
+    assert int(df["y"].sum()) == 408
+    assert set(df["outcome"]) == {"none or mild", "moderate or severe"}
+    assert (df["y"] == (df["outcome"] == "moderate or severe")).all()
+    assert (df["terbinafine"] == (df["treatment"] == "terbinafine")).all()
+    assert df["visit"].value_counts().sort_index().tolist() == [294, 288, 283, 272, 263, 244, 264]
+    assert df["time"].min() == 0.0 and df["time"].max() == pytest.approx(18.5, abs=0.1)
+    assert not df.isna().any().any()
+
+
 @pytest.mark.parametrize("short", sorted(LABEL_COUNTS))
 def test_raetsch_columns_and_labels(short):
-    df = load(f"raetsch/{short}", data_home=SHARED)
+    df = load(f"raetsch/{short}")
     d = df.shape[1] - 1
     assert list(df.columns) == [f"x{j + 1}" for j in range(d)] + ["y"]
     counts = df["y"].value_counts()
@@ -154,22 +200,12 @@ def test_raetsch_columns_and_labels(short):
     assert (counts[-1], counts[1]) == LABEL_COUNTS[short]
 
 
-@needs_shared
-def test_default_directory_is_found(no_env):
-    assert loaders._DEFAULT_DATA_DIR == Path(loaders.__file__).resolve().parents[3] / "shared" / "data"
-    if loaders._DEFAULT_DATA_DIR.resolve() != SHARED.resolve():
-        pytest.skip(f"shared data is at {SHARED}, not next to the checkout")
-    df = load("raetsch/titanic")
-    assert Path(df.attrs["source"]) == loaders._DEFAULT_DATA_DIR / "raetsch" / "titanic.csv"
-
-
-@needs_shared
 def test_spam():
-    df = load("spam", data_home=SHARED)
+    df = load("spam")
     assert df.shape == (4601, 58) and df.columns[-1] == "type"
     assert df["type"].value_counts().to_dict() == {"nonspam": 2788, "spam": 1813}
-    test = load("spam", data_home=SHARED, split="test")
-    train = load("spam", data_home=SHARED, split="train")
+    test = load("spam", split="test")
+    train = load("spam", split="train")
     assert len(test) == 1536 and len(train) == 3065
     assert (test["type"] == "spam").sum() == 595
     assert test.index.union(train.index).equals(df.index)
@@ -181,9 +217,8 @@ def test_spam():
     assert not df.isna().any().any()
 
 
-@needs_shared
 def test_acath_missing_values_stay_nan():
-    df = load("acath", data_home=SHARED)
+    df = load("acath")
     assert list(df.columns) == ["sex", "age", "cad_dur", "choleste", "sigdz", "tvdlm"]
     assert df.isna().sum().to_dict() == {
         "sex": 0, "age": 0, "cad_dur": 0, "choleste": 1246, "sigdz": 0, "tvdlm": 3,
@@ -191,11 +226,49 @@ def test_acath_missing_values_stay_nan():
     assert df["sigdz"].value_counts().to_dict() == {1: 2334, 0: 1170}
 
 
-@needs_shared
-def test_usps_splits():
-    res = load("usps", data_home=SHARED)
-    orig = load("usps", data_home=SHARED, split="original")
+@pytest.mark.parametrize("short", ["ringnorm", "twonorm"])
+def test_delve_conversion_matches_direct_computation(short):
+    packed = BUNDLED.joinpath("raetsch", f"{short}_delve_raw.csv.gz").read_bytes()
+    raw = np.loadtxt(io.BytesIO(gzip.decompress(packed)), delimiter=",", skiprows=1)
+    x, y01 = raw[:, :-1], raw[:, -1]
+    expected_x = (x - x.mean(axis=0)) / x.std(axis=0, ddof=1)
+    expected_y = np.where(y01 == 0, 1, -1)
+
+    df = load(f"raetsch/{short}")
+    assert list(df.columns) == [f"x{j}" for j in range(1, 21)] + ["y"]
+    np.testing.assert_allclose(df.drop(columns="y").to_numpy(), expected_x, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(df["y"].to_numpy(), expected_y)
+    assert df["y"].dtype == np.int64
+    np.testing.assert_allclose(df.drop(columns="y").std(ddof=1).to_numpy(), 1.0, atol=1e-12)
+
+    rawdf = load(f"raetsch/{short}_delve_raw")
+    assert rawdf.columns[-1] == "y01"
+    np.testing.assert_array_equal(rawdf.to_numpy(), raw)
+
+
+# ---------------------------------------------------------------- usps (not shipped)
+
+
+def _fake_usps(directory: Path) -> None:
+    """Both USPS files in the layout load() expects, the original split gzip-compressed."""
+    (directory / "usps").mkdir(parents=True)
+    for stem, n_train, suffix in [("usps_3vs5_resampled", 767, ".csv"),
+                                  ("usps_3vs5_original_split", 1214, ".csv.gz")]:
+        digit = np.tile([3, 5], 770)
+        df = pd.DataFrame({"split": np.where(np.arange(1540) < n_train, "train", "test"),
+                           "orig_index": np.arange(1, 1541), "digit": digit,
+                           "y": np.where(digit == 3, 1, -1)})
+        pixels = pd.DataFrame(np.linspace(-1, 1, 1540 * 256).reshape(1540, 256),
+                              columns=[f"p{j}" for j in range(1, 257)])
+        pd.concat([df, pixels], axis=1).to_csv(directory / "usps" / (stem + suffix), index=False)
+
+
+def test_usps_splits(tmp_path):
+    _fake_usps(tmp_path)
+    res = load("usps", data_home=tmp_path)
+    orig = load("usps", data_home=tmp_path, split="original")
     assert res.attrs["split"] == "resampled" and orig.attrs["split"] == "original"
+    assert orig.attrs["source"].endswith("usps_3vs5_original_split.csv.gz")
     assert res["split"].value_counts().to_dict() == {"test": 773, "train": 767}
     assert orig["split"].value_counts().to_dict() == {"train": 1214, "test": 326}
     for df in (res, orig):
@@ -204,29 +277,23 @@ def test_usps_splits():
         pix = df.loc[:, "p1":"p256"].to_numpy()
         assert pix.shape[1] == 256 and pix.min() >= -1.0 and pix.max() <= 1.0
     with pytest.raises(ValueError, match="split"):
-        load("usps", data_home=SHARED, split="bogus")
+        load("usps", data_home=tmp_path, split="bogus")
     with pytest.raises(ValueError, match="only to 'usps'"):
         load("toenail", split="original")
 
 
-@needs_shared
-@pytest.mark.parametrize("short", ["ringnorm", "twonorm"])
-def test_delve_conversion_matches_direct_computation(short):
-    raw = np.loadtxt(SHARED / "raetsch" / f"{short}_delve_raw.csv", delimiter=",", skiprows=1)
-    x, y01 = raw[:, :-1], raw[:, -1]
-    expected_x = (x - x.mean(axis=0)) / x.std(axis=0, ddof=1)
-    expected_y = np.where(y01 == 0, 1, -1)
-
-    df = load(f"raetsch/{short}", data_home=SHARED)
-    assert list(df.columns) == [f"x{j}" for j in range(1, 21)] + ["y"]
-    np.testing.assert_allclose(df.drop(columns="y").to_numpy(), expected_x, rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(df["y"].to_numpy(), expected_y)
-    assert df["y"].dtype == np.int64
-    np.testing.assert_allclose(df.drop(columns="y").std(ddof=1).to_numpy(), 1.0, atol=1e-12)
-
-    rawdf = load(f"raetsch/{short}_delve_raw", data_home=SHARED)
-    assert rawdf.columns[-1] == "y01"
-    np.testing.assert_array_equal(rawdf.to_numpy(), raw)
+def test_usps_not_shipped_error_says_where_to_look(monkeypatch, tmp_path):
+    monkeypatch.setenv(ENV, str(tmp_path / "env_dir"))
+    with pytest.raises(DataNotFoundError) as info:
+        load("usps")
+    msg = str(info.value)
+    assert "usps/usps_3vs5_resampled.csv" in msg and "usps/PROVENANCE.md" in msg
+    assert str(tmp_path / "env_dir") in msg and str(BUNDLED) in msg
+    assert ENV in msg and "data_home" in msg
+    assert "shared" not in msg  # no directory of the development workspace (issue #14)
+    # The environment variable is used once it holds the files.
+    _fake_usps(tmp_path / "env_dir")
+    assert load("usps").shape == (1540, 260)
 
 
 # ---------------------------------------------------------------- directory resolution
@@ -248,49 +315,43 @@ def test_data_home_beats_env_var(monkeypatch, tmp_path):
     assert (load("raetsch/titanic", data_home=str(tmp_path / "arg"))["x1"] == 2.0).all()
 
 
-def test_env_var_beats_default(monkeypatch, tmp_path):
-    _fake_titanic(tmp_path / "default", 1.0)
-    _fake_titanic(tmp_path / "env", 3.0)
-    monkeypatch.setattr(loaders, "_DEFAULT_DATA_DIR", tmp_path / "default")
-    monkeypatch.setenv(ENV, str(tmp_path / "env"))
-    assert (load("raetsch/titanic")["x1"] == 3.0).all()
-    # A file missing under VBSVM_DATA is looked for in the default directory next.
+def test_env_var_falls_back_to_shipped_files(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV, str(tmp_path / "empty"))
-    assert (load("raetsch/titanic")["x1"] == 1.0).all()
+    df = load("raetsch/titanic")
+    assert _in_bundle(df.attrs["source"])
+    assert df["x1"].nunique() > 1
 
 
-def test_explicit_data_home_is_not_replaced(monkeypatch, tmp_path):
-    _fake_titanic(tmp_path / "default", 1.0)
-    monkeypatch.setattr(loaders, "_DEFAULT_DATA_DIR", tmp_path / "default")
-    monkeypatch.delenv(ENV, raising=False)
+def test_explicit_data_home_is_not_replaced(tmp_path):
     with pytest.raises(DataNotFoundError) as info:
         load("raetsch/titanic", data_home=tmp_path / "empty")
     msg = str(info.value)
-    assert str(tmp_path / "empty") in msg and str(tmp_path / "default") not in msg
+    assert f"{tmp_path / 'empty'}  (data_home argument; directory does not exist" in msg
+    assert "shipped with vbsvm;" not in msg  # the shipped copy was not searched
 
 
-def test_toenail_from_data_home(tmp_path):
-    src = pd.read_csv(Path(loaders.__file__).parent / "data" / "toenail.csv")
-    src.loc[0, "time"] = 99.0
+def test_data_home_reads_gzip_and_overrides_shipped_toenail(tmp_path):
     (tmp_path / "toenail").mkdir()
-    src.to_csv(tmp_path / "toenail" / "toenail.csv", index=False)
+    src = load("toenail").rename(columns={"patient_id": "patientID"})
+    src.loc[0, "time"] = 99.0
+    src.to_csv(tmp_path / "toenail" / "toenail.csv.gz", index=False)
     df = load("toenail", data_home=tmp_path)
     assert df.loc[0, "time"] == 99.0 and "patient_id" in df.columns
+    # A copy of the shipped tree works as a data directory and gives the same frame.
+    (tmp_path / "raetsch").mkdir()
+    (tmp_path / "raetsch" / "heart.csv.gz").write_bytes(BUNDLED.joinpath("raetsch", "heart.csv.gz").read_bytes())
+    pd.testing.assert_frame_equal(load("raetsch/heart", data_home=tmp_path), load("raetsch/heart"),
+                                  check_exact=True)
 
 
-def test_missing_directory_error(monkeypatch, tmp_path):
-    monkeypatch.setenv(ENV, str(tmp_path / "env_dir"))
-    monkeypatch.setattr(loaders, "_DEFAULT_DATA_DIR", tmp_path / "default_dir")
+def test_missing_file_error(tmp_path):
     with pytest.raises(DataNotFoundError) as info:
-        load("acath")
+        load("acath", data_home=tmp_path)
     err = info.value
     assert isinstance(err, FileNotFoundError)
     msg = str(err)
-    assert "acath/acath.csv" in msg
-    assert str(tmp_path / "env_dir") in msg and str(tmp_path / "default_dir") in msg
-    assert ENV in msg and "data_home" in msg
-    with pytest.raises(FileNotFoundError):
-        load("spam", data_home=tmp_path / "nope")
+    assert "acath/acath.csv" in msg and str(tmp_path) in msg and "no such file" in msg
+    assert "load('acath') without data_home" in msg
 
 
 def test_spam_needs_indicator_file(tmp_path):

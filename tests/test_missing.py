@@ -878,10 +878,7 @@ def test_vb_gibbs_regression_guard(agreement):
 
 @pytest.fixture(scope="module")
 def acath_fits():
-    try:
-        acath = vbsvm.datasets.load("acath")
-    except FileNotFoundError:
-        pytest.skip("acath data not available (set VBSVM_DATA)")
+    acath = vbsvm.datasets.load("acath")
     formula = "sigdz ~ age + sex + np.log(cad_dur + 1) + np.log(choleste)"
     vb = vbsvm.svm(formula, data=acath, missing="impute")
     with warnings.catch_warnings():

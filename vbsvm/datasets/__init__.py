@@ -6,11 +6,12 @@ Real data
 :func:`available` lists the names: ``"toenail"``, ``"spam"``, ``"acath"``,
 ``"usps"`` and ``"raetsch/<name>"``.
 
-Only ``toenail`` (GPL-2, from Debian's ``r-cran-hsaur3``; see
-``data/PROVENANCE.md``) is shipped with the package. The others are read
-from a data directory: the ``data_home`` argument, else the environment
-variable ``VBSVM_DATA``, else ``shared/data`` next to the source checkout.
-See :mod:`vbsvm.datasets.loaders` for the rules and the column renames.
+``toenail``, ``spam``, ``acath`` and the Rätsch sets ship with the package
+(gzip-compressed CSV files with a ``PROVENANCE.md`` per set: source, license,
+checksum, conversion). ``usps`` is not shipped and is read from a data
+directory: the ``data_home`` argument or the environment variable
+``VBSVM_DATA``, which also override the shipped files. See
+:mod:`vbsvm.datasets.loaders` for the rules and the column renames.
 
 Simulated data
 --------------

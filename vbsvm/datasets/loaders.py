@@ -1,39 +1,44 @@
 """Loaders for the real benchmark data sets used with :mod:`vbsvm`.
 
-Provenance rules
-----------------
-The package ships exactly one real data set, ``toenail``, in
-``vbsvm/datasets/data/toenail.csv``. It was extracted from Debian's
-``r-cran-hsaur3`` package (R package HSAUR3, GPL-2); ``data/PROVENANCE.md``
-records the package version, the ``.deb`` checksum and the extraction steps.
+What ships
+----------
+``toenail``, ``spam`` (with ESL's train/test indicator), ``acath`` and the
+Rätsch benchmarks (``raetsch/<name>``, including the raw DELVE files of
+ringnorm and twonorm) ship with the package as gzip-compressed CSV files.
+They live once, in the repository's top-level ``data/`` directory, one
+folder per set; ``setup.py`` maps that directory onto the package
+``vbsvm.datasets.data``, so an installed wheel holds them in
+``vbsvm/datasets/data/``. Each folder has a ``PROVENANCE.md``: the source
+(registry package or public repository, with checksums), the license, the
+sha256 of the uncompressed CSV and how it was converted.
 
-Every other data set (``spam``, ``acath``, ``raetsch/<name>``, ``usps``) is
-*not* shipped. :func:`load` reads it from a data directory that holds the
-CSV files in the layout of the project's shared data folder::
+``usps`` (11 MB as CSV) is not shipped; ``data/usps/PROVENANCE.md`` says
+where its two files come from. It is read from a data directory only.
 
-    <data dir>/toenail/toenail.csv
-    <data dir>/spam/spam.csv, spam_esl_traintest.csv
-    <data dir>/acath/acath.csv
-    <data dir>/raetsch/<name>.csv
-    <data dir>/usps/usps_3vs5_resampled.csv, usps_3vs5_original_split.csv
+Where a file is looked for
+--------------------------
+A data directory has the layout of ``data/``: ``<dir>/toenail/toenail.csv``,
+``<dir>/spam/spam.csv`` and ``spam_esl_traintest.csv``, ``<dir>/acath/acath.csv``,
+``<dir>/raetsch/<name>.csv``, ``<dir>/usps/usps_3vs5_resampled.csv`` and
+``usps_3vs5_original_split.csv``; each file may also be gzip-compressed
+(``.csv.gz``). The directories searched:
 
-That folder's ``README.md`` documents where each file comes from (registry
-packages and public repositories) and how it was converted.
-
-Where the data directory is looked for
---------------------------------------
 1. ``data_home``, if given, and then only there (an explicit argument is
    never silently replaced by another directory);
 2. otherwise the directory in the environment variable ``VBSVM_DATA``, if set;
-3. then ``shared/data`` next to the source checkout, that is
-   ``Path(vbsvm.__file__).resolve().parents[2] / "shared" / "data"``
-   (for a checkout in ``/work/main`` this is ``/work/shared/data``).
+3. then the bundled data: ``vbsvm/datasets/data`` in an installed package,
+   or ``data/`` in a source checkout (the directory that holds ``setup.py``
+   and the ``vbsvm`` package), where the mapped package does not exist.
 
-In cases 2-3 the first directory that holds the needed file is used. If none
-does, :class:`DataNotFoundError` (a :class:`FileNotFoundError`) names the
+In cases 2-3 the first directory that holds the file is used. If none does,
+:class:`DataNotFoundError` (a :class:`FileNotFoundError`) names the
 directories tried and says how to set ``VBSVM_DATA``.
 
-``toenail`` is read from the bundled file unless ``data_home`` is given.
+Earlier versions searched ``shared/data`` next to the source checkout instead
+of bundling the files. That folder exists only in the project's development
+workspace: a fresh clone failed its tests, and an installed package looked for
+it in a meaningless place (``.venv/lib/python3.12/shared/data``). The data now
+ship with the code, so a clone and a wheel need nothing outside themselves.
 
 Column names
 ------------
@@ -52,6 +57,7 @@ import os
 import re
 from collections.abc import Callable
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 import numpy as np
@@ -64,8 +70,8 @@ __all__ = ["load", "available", "snake_case", "ENV_VAR"]
 #: Name of the environment variable that points at the data directory.
 ENV_VAR = "VBSVM_DATA"
 
-# vbsvm/datasets/loaders.py -> parents[0] datasets, [1] vbsvm, [2] checkout, [3] its parent.
-_DEFAULT_DATA_DIR = Path(__file__).resolve().parents[3] / "shared" / "data"
+# A file "<folder>/<stem>" is read as <stem>.csv or, failing that, <stem>.csv.gz.
+_SUFFIXES = (".csv", ".csv.gz")
 
 _RAETSCH = (
     "banana",
@@ -98,8 +104,8 @@ _RAETSCH_SHAPES = {
 }
 
 _USPS_FILES = {
-    "resampled": "usps/usps_3vs5_resampled.csv",
-    "original": "usps/usps_3vs5_original_split.csv",
+    "resampled": "usps/usps_3vs5_resampled",
+    "original": "usps/usps_3vs5_original_split",
 }
 
 # --------------------------------------------------------------------------- names
@@ -150,42 +156,90 @@ def _snake_columns(df: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------ directories
 
 
-def _candidate_dirs(data_home: str | os.PathLike | None) -> list[tuple[Path, str]]:
+def _bundled_dir(package: Traversable | None = None, checkout: Path | None = None) -> Traversable:
+    """Root of the data tree that ships with :mod:`vbsvm`.
+
+    Parameters
+    ----------
+    package : Traversable, optional
+        Where an installed wheel holds the data (default: ``vbsvm/datasets/data``,
+        the package that ``setup.py`` maps onto the top-level ``data/``).
+    checkout : pathlib.Path, optional
+        The source checkout this module would belong to (default: the
+        directory two levels above ``vbsvm/datasets``).
+
+    Returns
+    -------
+    Traversable
+        `package` if it exists; else ``checkout / "data"`` if `checkout` is a
+        source checkout (it holds ``setup.py`` and ``data/``); else `package`,
+        so that an error message names where an installation should have the files.
+    """
+    if package is None:
+        package = resources.files(__package__).joinpath("data")
+    if checkout is None:
+        checkout = Path(__file__).resolve().parents[2]
+    if package.is_dir():
+        return package
+    if (checkout / "setup.py").is_file() and (checkout / "data").is_dir():
+        return checkout / "data"
+    return package
+
+
+def _candidate_dirs(data_home: str | os.PathLike | None) -> list[tuple[Traversable, str]]:
     """Directories to search, with a note on where each came from."""
     if data_home is not None:
         return [(Path(data_home).expanduser(), "data_home argument")]
-    dirs: list[tuple[Path, str]] = []
+    dirs: list[tuple[Traversable, str]] = []
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
         dirs.append((Path(env).expanduser(), f"environment variable {ENV_VAR}"))
-    dirs.append((_DEFAULT_DATA_DIR, "shared/data next to the source checkout"))
+    dirs.append((_bundled_dir(), "shipped with vbsvm"))
     return dirs
 
 
-def _find_file(name: str, relpath: str, data_home) -> Path:
+def _file_in(directory: Traversable, stem: str) -> Traversable | None:
+    """``directory/<stem>.csv`` or ``directory/<stem>.csv.gz``, whichever exists first; else None."""
+    for suffix in _SUFFIXES:
+        candidate = directory.joinpath(*f"{stem}{suffix}".split("/"))
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _locate(name: str, stem: str, data_home) -> tuple[Traversable, Traversable]:
+    """The first data directory that holds `stem` (``"<folder>/<file stem>"``), and that file."""
     tried = []
     for directory, origin in _candidate_dirs(data_home):
-        path = directory / relpath
-        if path.is_file():
-            return path
+        found = _file_in(directory, stem)
+        if found is not None:
+            return directory, found
         state = "no such file" if directory.is_dir() else "directory does not exist"
-        tried.append(f"  {directory}  ({origin}; {state}: {relpath})")
+        tried.append(f"  {directory}  ({origin}; {state}: {stem}.csv or {stem}.csv.gz)")
+    bundled = _bundled_dir()
+    if _file_in(bundled, stem) is not None:  # only an explicit data_home can miss a shipped file
+        hint = f"vbsvm ships {name!r} in {bundled}: call load({name!r}) without data_home to read it."
+    else:
+        folder = stem.split("/")[0]
+        hint = (
+            f"Pass data_home='/path/to/data' or set the environment variable {ENV_VAR} to a "
+            f"directory that holds {stem}.csv ({folder}/PROVENANCE.md in {bundled} says where "
+            f"{folder!r} comes from)."
+        )
     raise DataNotFoundError(
-        f"data set {name!r} needs the file {relpath!r}, which was not found. Directories tried:\n"
-        + "\n".join(tried)
-        + f"\nPass data_home='/path/to/data' or set the environment variable {ENV_VAR} to the "
-        "directory that holds the folders toenail/, spam/, acath/, raetsch/ and usps/ "
-        f"(e.g. `export {ENV_VAR}=/path/to/shared/data`). These data sets are not shipped "
-        "with vbsvm; only 'toenail' is bundled."
+        f"data set {name!r} needs the file {stem}.csv (or .csv.gz), which was not found. "
+        "Directories tried:\n" + "\n".join(tried) + "\n" + hint
     )
 
 
-def _read_csv(path, name: str, shape: tuple[int, int] | None) -> pd.DataFrame:
-    # Only the literal token "NA" means missing (the convention of the data files).
-    df = pd.read_csv(path, keep_default_na=False, na_values=["NA"])
-    if shape is not None and df.shape != shape:
+def _read_csv(source: Traversable, name: str, shape: tuple[int, int]) -> pd.DataFrame:
+    compression = "gzip" if source.name.endswith(".gz") else None
+    with source.open("rb") as fh:
+        # Only the literal token "NA" means missing (the convention of the data files).
+        df = pd.read_csv(fh, compression=compression, keep_default_na=False, na_values=["NA"])
+    if df.shape != shape:
         raise DataFormatError(
-            f"data set {name!r}: file {path} has {df.shape[0]} rows x {df.shape[1]} columns, "
+            f"data set {name!r}: file {source} has {df.shape[0]} rows x {df.shape[1]} columns, "
             f"expected {shape[0]} x {shape[1]}; is it the right file?"
         )
     return df
@@ -201,28 +255,21 @@ def _finish(df: pd.DataFrame, name: str, path) -> pd.DataFrame:
 
 
 def _load_toenail(name, data_home, split):
-    if data_home is None:
-        resource = resources.files(__package__).joinpath("data", "toenail.csv")
-        with resource.open("rb") as fh:
-            df = _read_csv(fh, name, (1908, 7))
-        path = resource
-    else:
-        path = _find_file(name, "toenail/toenail.csv", data_home)
-        df = _read_csv(path, name, (1908, 7))
-    return _finish(_snake_columns(df), name, path)
+    _, path = _locate(name, "toenail/toenail", data_home)
+    return _finish(_snake_columns(_read_csv(path, name, (1908, 7))), name, path)
 
 
 def _load_spam(name, data_home, split):
-    path = _find_file(name, "spam/spam.csv", data_home)
+    directory, path = _locate(name, "spam/spam", data_home)
     df = _snake_columns(_read_csv(path, name, (4601, 58)))
     if split is None:
         return _finish(df, name, path)
     if split not in ("train", "test"):
         raise ValueError(f"split={split!r} is not valid for 'spam'; use 'train' or 'test' (ESL's split)")
-    flag_path = path.with_name("spam_esl_traintest.csv")
-    if not flag_path.is_file():
+    flag_path = _file_in(directory, "spam/spam_esl_traintest")
+    if flag_path is None:
         raise DataNotFoundError(
-            f"data set 'spam': found {path} but not {flag_path.name} next to it "
+            f"data set 'spam': found {path} but not spam_esl_traintest.csv (or .csv.gz) next to it "
             "(ESL's train/test indicator, needed for split='train'/'test')."
         )
     flag = _read_csv(flag_path, name, (4601, 1))["test"]
@@ -235,7 +282,7 @@ def _load_spam(name, data_home, split):
 
 
 def _load_acath(name, data_home, split):
-    path = _find_file(name, "acath/acath.csv", data_home)
+    _, path = _locate(name, "acath/acath", data_home)
     return _finish(_snake_columns(_read_csv(path, name, (3504, 6))), name, path)
 
 
@@ -246,7 +293,7 @@ def _load_usps(name, data_home, split):
             f"split={split!r} is not valid for 'usps'; use 'resampled' (Rasmussen & Williams, "
             "the default) or 'original' (USPS/ESL train-test split)"
         )
-    path = _find_file(name, _USPS_FILES[split], data_home)
+    _, path = _locate(name, _USPS_FILES[split], data_home)
     df = _snake_columns(_read_csv(path, name, (1540, 260)))
     df.attrs["split"] = split
     return _finish(df, name, path)
@@ -254,7 +301,7 @@ def _load_usps(name, data_home, split):
 
 def _raetsch_loader(short: str) -> Callable:
     def loader(name, data_home, split):
-        path = _find_file(name, f"raetsch/{short}.csv", data_home)
+        _, path = _locate(name, f"raetsch/{short}", data_home)
         return _finish(_read_csv(path, name, _RAETSCH_SHAPES[short]), name, path)
 
     return loader
@@ -280,7 +327,7 @@ def _delve_to_raetsch(raw: pd.DataFrame) -> pd.DataFrame:
 def _delve_loader(short: str) -> Callable:
     def loader(name, data_home, split):
         raw_name = f"{short}_delve_raw"
-        path = _find_file(name, f"raetsch/{raw_name}.csv", data_home)
+        _, path = _locate(name, f"raetsch/{raw_name}", data_home)
         raw = _read_csv(path, name, _RAETSCH_SHAPES[raw_name])
         return _finish(_delve_to_raetsch(raw), name, path)
 
@@ -310,8 +357,8 @@ def available() -> list[str]:
     list of str
         Sorted names: ``"acath"``, ``"raetsch/<name>"`` (including
         ``"raetsch/ringnorm_delve_raw"`` and ``"raetsch/twonorm_delve_raw"``),
-        ``"spam"``, ``"toenail"``, ``"usps"``. Only ``"toenail"`` is bundled;
-        the others need the data directory (see :func:`load`).
+        ``"spam"``, ``"toenail"``, ``"usps"``. All but ``"usps"`` ship with
+        the package; ``"usps"`` needs a data directory (see :func:`load`).
     """
     return sorted(_REGISTRY)
 
@@ -330,11 +377,12 @@ def load(
         One of :func:`available` (case-insensitive).
     data_home : str or path-like, optional
         Directory that holds the data folders (``toenail/``, ``spam/``,
-        ``acath/``, ``raetsch/``, ``usps/``). If given, only this directory is
-        used, also for ``toenail``. If omitted, the directory in the
-        environment variable ``VBSVM_DATA`` and then ``shared/data`` next to the
-        source checkout are searched, and ``toenail`` comes from the copy
-        bundled with the package.
+        ``acath/``, ``raetsch/``, ``usps/``) with ``.csv`` or ``.csv.gz``
+        files. If given, only this directory is used. If omitted, the
+        directory in the environment variable ``VBSVM_DATA`` (if set) and then
+        the data shipped with the package are searched; every data set but
+        ``"usps"`` ships. See :mod:`vbsvm.datasets.loaders` for why the
+        project's ``shared/data`` folder is no longer searched.
     split : str, optional
         For ``"usps"``: ``"resampled"`` (default) is the Rasmussen &
         Williams (2006) 3-vs-5 split (767 train, 773 test);
@@ -348,7 +396,7 @@ def load(
     -------
     pandas.DataFrame
         Rows in source order. ``df.attrs`` holds ``"dataset"`` (the name) and
-        ``"source"`` (the file read).
+        ``"source"`` (the file read, e.g. ``.../vbsvm/datasets/data/raetsch/heart.csv.gz``).
 
     Raises
     ------
@@ -356,7 +404,8 @@ def load(
         If `name` is not known (a :class:`ValueError`; the message lists the names).
     DataNotFoundError
         If the file is not found (a :class:`FileNotFoundError`; the message
-        names the directories tried and how to set ``VBSVM_DATA``).
+        names the directories tried and how to set ``VBSVM_DATA``); for a
+        shipped data set only if ``data_home`` points elsewhere.
     DataFormatError
         If a file does not have the expected number of rows and columns.
     ValueError
@@ -395,7 +444,8 @@ def load(
         all 7400 rows with ``ddof=1``, DELVE label 0 -> +1 and 1 -> -1.
         ``"raetsch/ringnorm_delve_raw"`` and ``"raetsch/twonorm_delve_raw"``
         return the raw values with the DELVE label ``y01`` in {0, 1}.
-    ``"usps"`` (1540 x 260; digits 3 and 5). ``split`` (``"train"`` /
+    ``"usps"`` (1540 x 260; digits 3 and 5; not shipped, read from
+        ``data_home`` or ``VBSVM_DATA``). ``split`` (``"train"`` /
         ``"test"``), ``orig_index``, ``digit`` (3 or 5), ``y`` (+1 for 3,
         -1 for 5) and pixels ``p1..p256`` in [-1, 1]. Drop ``split``,
         ``orig_index`` and ``digit`` before fitting ``y ~ .``.
