@@ -325,3 +325,32 @@ def test_exact_check_detects_a_wrong_sampler():
     grid = np.linspace(-4, 8, 12001)
     cdf = grid_cdf(grid, -2 * hinge_sum(y, np.outer(x, grid)) - 2 * 0.7 * grid ** 2)
     assert ks_1samp_ess(fit.posterior["theta_draws"][..., 0], cdf) < P_MIN
+
+
+# ---------------------------------------------------------------- power of the checks for each Gibbs move
+def _broken(monkeypatch, name, wrapper):
+    from vbsvm.models.linear import LinearSVMModel
+
+    monkeypatch.setattr(LinearSVMModel, name, wrapper(getattr(LinearSVMModel, name)))
+
+
+def test_exact_check_detects_a_wrong_variance_rescaling(monkeypatch):
+    """The non-centred variance move without its Jacobian (``+ v``) is rejected."""
+    _broken(monkeypatch, "variance_log_prior", lambda orig: lambda self, s2: orig(self, s2) - np.sum(np.log(s2)))
+    with pytest.raises(AssertionError):
+        test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)
+
+
+def test_exact_check_detects_a_wrong_level_move(monkeypatch):
+    """The marginal move of the random intercepts with a prior 10x too tight is rejected."""
+    _broken(monkeypatch, "_redraw_levels", lambda orig: lambda self, th, f, s2, rng: orig(self, th, f, s2 / 10, rng))
+    with pytest.raises(AssertionError):
+        test_random_intercept_two_groups_exact(3, 1)
+
+
+def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
+    """The marginal single-site move of the fixed effects with a prior 4x too tight is rejected."""
+    _broken(monkeypatch, "_redraw_fixed_effects",
+            lambda orig: lambda self, th, f, s2, rng: orig(self, th, f, s2 / 4, rng))
+    with pytest.raises(AssertionError):
+        test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)

@@ -50,13 +50,17 @@ FAMILY_ALPHA = 1e-3
 
 @contextlib.contextmanager
 def known_weights(w):
-    """Replace the augmentation update of every model's sweep by 'w is known'."""
-    original = hinge.sample_inverse
+    """Replace the augmentation update of every model's sweep by 'w is known', and switch off the
+    sweep's moves on the marginal pseudo-posterior (they target the hinge posterior with w
+    integrated out, not the working-likelihood posterior given w that SBC checks here; they are
+    checked exactly in test_reliability_exact.py and against independent samplers)."""
+    original, moves = hinge.sample_inverse, LinearSVMModel.marginal_moves
     hinge.sample_inverse = lambda y, f, rng: np.array(w, copy=True)
+    LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng: (theta, f, sigma2)
     try:
         yield
     finally:
-        hinge.sample_inverse = original
+        hinge.sample_inverse, LinearSVMModel.marginal_moves = original, moves
 
 
 def _check(name, ranks, L, bins):

@@ -49,12 +49,14 @@ beyond the data — so thousands of patients cost no more than a few extra fixed
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
 
 from ..distributions import InverseGamma, InverseWishart
+from ..inference.slice import slice_sample, slice_sample_independent
 from . import hinge
 
 __all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision"]
@@ -114,6 +116,37 @@ def _spd_inverse(S) -> np.ndarray:
     return Linv.T @ Linv
 
 
+class WorkingGram:
+    """The parts of the coefficient precision and shift that depend on the weights w only:
+    ``A = C_d' W C_d`` (plus ``extra_precision``), ``b_d = C_d' r`` and, for the eliminated term,
+    the blocks ``D_l = sum_i w_i z_i z_i'``, ``G_l = sum_i w_i z_i c_i'`` and ``b_l = sum_i z_i r_i``
+    over its rows. Computed once per w (``O(n q_d^2)``), they serve every prior precision, e.g. the
+    evaluations of the collapsed variance density in a Gibbs sweep."""
+
+    def __init__(self, model: "LinearSVMModel", w, r, extra_precision=None):
+        Cd = model.Cd
+        qd = model.qd
+        sw = np.sqrt(w)
+        Ws = Cd * sw[:, None]
+        self.A = Ws.T @ Ws  # numpy recognizes X^T X and calls the symmetric rank-k update (half the flops)
+        if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
+            self.A += extra_precision
+        self.bd = Cd.T @ r
+        if model.m_sparse:
+            m, qs = model.m_sparse, model.q_sparse
+            WC = Ws * sw[:, None]
+            WZ = model.Zs * w[:, None]
+            self.D = np.empty((m, qs, qs))
+            self.G = np.empty((m, qs, qd))
+            self.br = np.empty((m, qs))
+            for j, Zt_j in enumerate(model.Zts):
+                self.D[:, j, :] = Zt_j @ WZ
+                self.G[:, j, :] = Zt_j @ WC
+                self.br[:, j] = Zt_j @ r
+        else:
+            self.br = np.zeros((0, 1))
+
+
 class CoefficientPosterior:
     r"""Gaussian ``N(P^{-1} b, P^{-1})`` for theta with the structure of :class:`LinearSVMModel`.
 
@@ -126,15 +159,11 @@ class CoefficientPosterior:
     ``O(n q_d^2 + q_d^3 + m q^2 q_d)``.
     """
 
-    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None, blocks=()):
-        Cd = model.Cd
+    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None, blocks=(), gram=None):
         self.model = model
         qd = model.qd
-        sw = np.sqrt(w)
-        Ws = Cd * sw[:, None]
-        A = Ws.T @ Ws  # numpy recognizes X^T X and calls the symmetric rank-k update (half the flops)
-        if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
-            A += extra_precision
+        g = WorkingGram(model, w, r, extra_precision) if gram is None else gram
+        A = g.A.copy()
         A[np.diag_indices(qd)] += tau[:qd]
         sparse_prior = None
         for index, Lam in blocks:
@@ -142,32 +171,24 @@ class CoefficientPosterior:
                 sparse_prior = Lam
             else:
                 A[index[:, :, None], index[:, None, :]] += Lam
-        bd = Cd.T @ r
+        bd = g.bd
         if model.m_sparse:
             m, qs = model.m_sparse, model.q_sparse
-            WC = Ws * sw[:, None]
-            WZ = model.Zs * w[:, None]
-            D = np.empty((m, qs, qs))
-            G = np.empty((m, qs, qd))
-            br = np.empty((m, qs))
-            for j, Zt_j in enumerate(model.Zts):
-                D[:, j, :] = Zt_j @ WZ
-                G[:, j, :] = Zt_j @ WC
-                br[:, j] = Zt_j @ r
+            D = g.D.copy()
             if sparse_prior is None:
                 D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
             else:
                 D += sparse_prior
             self.LD, self.LDinv = _batched_cholesky_inverse(D)
             Dinv = np.swapaxes(self.LDinv, 1, 2) @ self.LDinv
-            GD = Dinv @ G  # D_l^{-1} G_l, (m, qs, qd)
-            S = A - G.reshape(m * qs, qd).T @ GD.reshape(m * qs, qd)
-            self.Dinv_br = (Dinv @ br[:, :, None])[:, :, 0]
-            h = bd - GD.reshape(m * qs, qd).T @ br.ravel()
+            GD = Dinv @ g.G  # D_l^{-1} G_l, (m, qs, qd)
+            S = A - g.G.reshape(m * qs, qd).T @ GD.reshape(m * qs, qd)
+            self.Dinv_br = (Dinv @ g.br[:, :, None])[:, :, 0]
+            h = bd - GD.reshape(m * qs, qd).T @ g.br.ravel()
         else:
-            Dinv, GD, br = np.zeros((0, 1, 1)), np.zeros((0, 1, qd)), np.zeros((0, 1))
+            Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, qd))
             self.LD = self.LDinv = Dinv
-            self.Dinv_br = br
+            self.Dinv_br = np.zeros((0, 1))
             S, h = A, bd
         self.Dinv, self.GDb = Dinv, GD
         self.L = np.linalg.cholesky(S)
@@ -177,6 +198,8 @@ class CoefficientPosterior:
         self.Linv = np.linalg.solve(self.L, np.eye(qd))
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
         self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
+        #: h' P^{-1} h with h = C' r, the data term of the collapsed density of the prior
+        self.fit_term = float(bd @ self.mean_dense + g.br.ravel() @ self.mean_sparse)
 
     # ------------------------------------------------- random-intercept (q = 1) views
     def _set_intercept_blocks(self, D, GD, br):
@@ -461,7 +484,7 @@ class LinearSVMModel:
         marginal prior ``IG(1, B)``, close to the ``IG(A, B)`` of a single variance).
     """
 
-    def __init__(self, X, y, groups, fixed_precision, A=0.01, B=0.01, re_df=None, re_scale=None):
+    def __init__(self, X, y, groups, fixed_precision, A=0.01, B=0.01, re_df=None, re_scale=None, intercept=None):
         n, p = X.shape
         self.n, self.p = n, p
         self.y = np.asarray(y, dtype=float)
@@ -518,6 +541,14 @@ class LinearSVMModel:
                     df=float(q + 1 if re_df is None else re_df), scale=scale))
         self.variance_components = [c for c in self.components if c.kind == "variance"]
         self.covariance_components = [c for c in self.components if c.kind == "covariance"]
+        # random-intercept terms whose levels can trade a common shift with the fixed intercept
+        # (f is unchanged): their variance index and coordinates, for the Gibbs location move
+        self.intercept = intercept if intercept is not None and np.isfinite(fixed_precision[intercept]) else None
+        self._tau0 = None if self.intercept is None else float(fixed_precision[self.intercept])
+        self._fixed_width = 3.0 / np.maximum(np.linalg.norm(self.Cd[:, :p], axis=0), 1e-12)
+        self._shiftable = [] if self.intercept is None else [
+            (k, c.index) for k, c in enumerate(self.variance_components)
+            if c.name.startswith("sigma2_") and c.name[7:] in {t[2] for t in terms if np.all(t[3] == 1.0)}]
         self._diagonal_prior = np.ones(self.q, dtype=bool)
         for c in self.covariance_components:
             self._diagonal_prior[c.index.ravel()] = False
@@ -530,7 +561,8 @@ class LinearSVMModel:
         groups = [(g.codes, g.n_levels, g.name, g.Z) for g in design.groups]
         precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
         return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"],
-                   re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
+                   re_df=settings.get("re_df"), re_scale=settings.get("re_scale"),
+                   intercept=design.column_names.index("Intercept") if design.has_intercept else None)
 
     # ------------------------------------------------------------------ algebra
     def predictor(self, theta) -> np.ndarray:
@@ -649,18 +681,133 @@ class LinearSVMModel:
         return {"w": np.ones(self.n), "tau": np.ones(len(self.variance_components)),
                 "Lam": [np.eye(c.index.shape[1]) for c in self.covariance_components]}
 
+    def variance_log_prior(self, sigma2) -> float:
+        """Log density of the ``IG(A, B)`` prior of a variance, summed over ``sigma2``."""
+        s = np.asarray(sigma2)
+        return float(np.sum(-(self.A + 1.0) * np.log(s) - self.B / s))
+
+    def _rescale_variance(self, k, theta, f, sigma2, rng):
+        """Non-centred update of variance k on the marginal pseudo-posterior (w integrated out):
+        with ``theta_k = sigma_k eta_k`` and eta fixed, draw ``v = log sigma_k^2`` and rescale.
+
+        In the coordinates ``(eta_k, v)`` the Jacobian ``e^{v m_k / 2}`` of ``theta_k = e^{v/2} eta_k``
+        cancels the normal prior's ``sigma_k^{-m_k}``, and ``f = f_{-k} + e^{v/2} g`` with
+        ``g = C_k eta_k``, so ``log p(v | eta, rest) = -2 sum_i (1 - y_i f_i)_+ + log p_IG(e^v) + v``:
+        an O(n) density, slice-sampled. It uses no augmentation weights, so the sweep must draw
+        w afresh from ``w | theta`` before using it (it does: the step comes right before the w
+        draw). Returns the new ``(theta, f, sigma2)``.
+        """
+        c = self.variance_components[k]
+        s_old = math.sqrt(sigma2[k])
+        part = np.zeros(self.q)
+        part[c.index] = theta[c.index]
+        g = self.predictor(part) / s_old
+        yg, yrest = self.y * g, 1.0 - self.y * (f - s_old * g)
+
+        def logp(v):
+            return (-2.0 * float(np.maximum(0.0, yrest - math.exp(0.5 * v) * yg).sum())
+                    + self.variance_log_prior(math.exp(v)) + v)
+
+        v = slice_sample(logp, math.log(sigma2[k]), rng, width=2.0)[0]
+        s_new = math.exp(0.5 * v)
+        theta = theta.copy()
+        theta[c.index] *= s_new / s_old
+        sigma2 = sigma2.copy()
+        sigma2[k] = s_new * s_new
+        return theta, f + (s_new - s_old) * g, sigma2
+
+    def _redraw_levels(self, theta, f, sigma2, rng):
+        """Marginal (w integrated out) update of the levels of every random-intercept term: given
+        the rest, level l's intercept has density ``N(u_l; 0, sigma2_k) prod_{i in l}
+        exp(-2 (1 - y_i f_i)_+)``, independent across levels, slice-sampled for all levels at once
+        in O(n) passes. Like :meth:`_rescale_variance` it must be followed by a fresh ``w | theta``."""
+        theta = theta.copy()
+        for k, index in self._shiftable:
+            codes = self.codes if index[0] >= self.qd else np.argmax(self.Cd[:, index], axis=1)
+            u0 = theta[index]
+            rest = 1.0 - self.y * (f - u0[codes])
+            m = index.size
+
+            def logp(u):
+                hinge_l = np.bincount(codes, np.maximum(0.0, rest - self.y * u[codes]), minlength=m)
+                return -0.5 * u * u / sigma2[k] - 2.0 * hinge_l
+
+            u = slice_sample_independent(logp, u0, rng, width=2.0 * math.sqrt(sigma2[k]))
+            theta[index] = u
+            f = f + (u - u0)[codes]
+        return theta, f
+
+    def _redraw_fixed_effects(self, theta, f, sigma2, rng):
+        """Marginal (w integrated out) single-site update of each fixed effect: ``beta_j`` given the
+        rest has density ``N(beta_j; 0, 1/tau_j) prod_i exp(-2 (1 - y_i f_i)_+)``, slice-sampled in
+        O(n) per evaluation (width ``3 / ||x_j||``, fixed, so the move does not depend on w). Must
+        be followed by a fresh ``w | theta``."""
+        tau = self.prior_precision(1.0 / sigma2)
+        theta = theta.copy()
+        for j in range(self.p):
+            x = self.Cd[:, j]
+            yx, rest = self.y * x, 1.0 - self.y * (f - x * theta[j])
+
+            def logp(b, j=j):
+                return -0.5 * tau[j] * b * b - 2.0 * float(np.maximum(0.0, rest - b * yx).sum())
+
+            b = slice_sample(logp, theta[j], rng, width=self._fixed_width[j])[0]
+            f = f + x * (b - theta[j])
+            theta[j] = b
+        return theta, f
+
+    def _shift_location(self, theta, sigma2, rng):
+        """Exact draw of a common shift ``delta`` between the fixed intercept and the levels of each
+        random-intercept term: ``beta_0 + delta``, ``u_l - delta`` leaves every score unchanged,
+        so its full conditional is Gaussian from the priors alone, precision
+        ``tau_0 + m / sigma2_k`` and mean ``(sum_l u_l / sigma2_k - tau_0 beta_0) / precision``.
+        Removes the intercept-versus-mean-of-levels ridge of the centred parameterization."""
+        tau0 = self._tau0
+        theta = theta.copy()
+        for k, index in self._shiftable:
+            prec = tau0 + index.size / sigma2[k]
+            mean = (theta[index].sum() / sigma2[k] - tau0 * theta[self.intercept]) / prec
+            delta = mean + rng.standard_normal() / math.sqrt(prec)
+            theta[self.intercept] += delta
+            theta[index] -= delta
+        return theta
+
+    def marginal_moves(self, theta, f, sigma2, rng):
+        """The moves of a sweep on the marginal pseudo-posterior (augmentation weights integrated
+        out): each variance non-centred, the intercept-versus-levels shift, the levels and the fixed
+        effects one at a time. Returns ``(theta, f, sigma2)``; w must be drawn afresh after them."""
+        for k in range(sigma2.size):
+            theta, f, sigma2 = self._rescale_variance(k, theta, f, sigma2, rng)
+        if self._shiftable:
+            theta = self._shift_location(theta, sigma2, rng)
+            theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
+        theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng)
+        return theta, f, sigma2
+
     def gibbs_sweep(self, state, rng):
-        """Draw theta | w, prior; then 1/a | theta; then every variance and covariance | theta."""
-        post = self.coefficient_posterior(state["w"], self.prior_precision(state["tau"]),
+        """One scan: theta | w, prior; each variance | theta (centred, conjugate IG) and again with
+        its coefficients standardized (non-centred, :meth:`_rescale_variance`); 1/a | theta; each
+        covariance | theta.
+
+        The two variance updates interweave the centred and the non-centred parameterization
+        (ASIS, Yu & Meng 2011): the centred step mixes when the data pin the coefficients down,
+        the non-centred step when they do not (few rows per group, separable directions), where
+        ``sigma2 | theta`` alone sticks. The non-centred step targets the marginal pseudo-posterior
+        (no w), so the scale of a whole block of coefficients moves free of the augmentation
+        weights, whose coupling with theta is what slows the plain sampler; w is then drawn given
+        the new theta. Each step keeps the posterior, so the scan does.
+        """
+        w = state["w"]
+        post = self.coefficient_posterior(w, self.prior_precision(state["tau"]),
                                           self.prior_blocks(state.get("Lam", ())))
         theta = post.sample(rng)
-        f = self.predictor(theta)
-        w = hinge.sample_inverse(self.y, f, rng)
         if self.variance_components:
             sq = np.array([np.sum(theta[c.index] ** 2) for c in self.variance_components])
-            sigma2 = self.variance_posterior(sq).sample(rng)
+            sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
         else:
             sigma2 = np.zeros(0)
+        theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng)
+        w = hinge.sample_inverse(self.y, f, rng)
         Sigmas = [qc.sample(rng) for qc in self.covariance_posteriors(self.scatter_matrices(theta))]
         Lam = [_spd_inverse(S) for S in Sigmas]
         return {"w": w, "tau": 1.0 / sigma2, "Lam": Lam, "theta": theta, "sigma2": sigma2,
