@@ -148,7 +148,31 @@ def _gaussian(model, prec, tau, shift):
     return CoefficientPosterior(model, prec, tau, shift)
 
 
-def expectation_propagation(model, tau, *, sites=None, damping=0.7, tol=1e-7, max_sweeps=500):
+class _Sweep:
+    """One parallel EP pass from sites ``x = (prec, shift)``: the Gaussian, its cavities and the
+    undamped new sites."""
+
+    def __init__(self, model, tau, prec, shift):
+        self.prec, self.shift = prec, shift
+        self.post = post = _gaussian(model, prec, tau, shift)
+        self.mf, self.vf = post.linear_predictor()
+        cav_prec = np.maximum(1.0 / self.vf - prec, 1e-12 / self.vf)
+        self.cv = 1.0 / cav_prec
+        self.cm = self.cv * (self.mf / self.vf - shift)
+        self.log_zi, g, h = tilted_moments(model.y, self.cm, self.cv)
+        den = 1.0 + h * self.cv
+        self.new_prec = -h / den
+        self.new_shift = (g - self.cm * h) / den
+        self.change = max(np.max(np.abs(self.new_prec - prec) / (1.0 + np.abs(prec))),
+                          np.max(np.abs(self.new_shift - shift) / (1.0 + np.abs(shift))))
+
+    def damped(self, delta):
+        return ((1.0 - delta) * self.prec + delta * self.new_prec,
+                (1.0 - delta) * self.shift + delta * self.new_shift)
+
+
+def expectation_propagation(model, tau, *, sites=None, damping=0.7, tol=1e-6, max_sweeps=500,
+                            accelerate=True):
     r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
 
     Parameters
@@ -167,6 +191,12 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.7, tol=1e-7, ma
     tol : float
         Convergence: largest change of a site parameter, relative to ``1 + |value|``.
     max_sweeps : int
+        Maximum number of passes (each costs one factorization).
+    accelerate : bool
+        SQUAREM extrapolation (Varadhan & Roland 2008, S3) of the damped map on the site vector:
+        from ``x0``, ``x1 = F(x0)``, ``x2 = F(x1)``, step ``s = -|r|/|v|`` (``r = x1 - x0``,
+        ``v = x2 - x1 - r``), proposal ``x0 - 2 s r + s^2 v``; kept only if its site precisions are
+        non-negative and its residual is below that of ``x1`` (otherwise ``x2``).
 
     Returns
     -------
@@ -175,35 +205,58 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.7, tol=1e-7, ma
     y = model.y
     n = y.size
     if sites is None:
-        prec, shift = np.ones(n), 2.0 * y
+        x = (np.ones(n), 2.0 * y)
     else:
-        prec, shift = sites[0].copy(), sites[1].copy()
+        x = (sites[0].copy(), sites[1].copy())
     tau = np.asarray(tau, dtype=float)
     delta = float(damping)
     last = np.inf
     converged = False
-    for sweep in range(1, max_sweeps + 1):
-        post = _gaussian(model, prec, tau, shift)
-        mf, vf = post.linear_predictor()
-        cav_prec = np.maximum(1.0 / vf - prec, 1e-12 / vf)
-        cv = 1.0 / cav_prec
-        cm = cv * (mf / vf - shift)
-        log_zi, g, h = tilted_moments(y, cm, cv)
-        den = 1.0 + h * cv
-        new_prec = -h / den
-        new_shift = (g - cm * h) / den
-        change = max(np.max(np.abs(new_prec - prec) / (1.0 + np.abs(prec))),
-                     np.max(np.abs(new_shift - shift) / (1.0 + np.abs(shift))))
-        if change < tol:
+    sweeps = 0
+    cur = None
+    while sweeps < max_sweeps:
+        cur = _Sweep(model, tau, *x)
+        sweeps += 1
+        if cur.change < tol:
             converged = True
             break
-        if change > 2.0 * last and sweep > 5:  # divergence, not the transient of the first sweeps
+        if cur.change > 2.0 * last and sweeps > 5:  # divergence, not the transient of the first sweeps
             delta = max(0.05, 0.5 * delta)
-        last = change
-        prec = (1.0 - delta) * prec + delta * new_prec
-        shift = (1.0 - delta) * shift + delta * new_shift
-    log_z = _log_z_ep(post, tau, shift, mf, vf, cm, cv, log_zi)
-    return EPResult(post, prec, shift, log_z, converged, sweep)
+        last = cur.change
+        x1 = cur.damped(delta)
+        if not accelerate or sweeps + 2 > max_sweeps:
+            x = x1
+            continue
+        s1 = _Sweep(model, tau, *x1)
+        sweeps += 1
+        if s1.change < tol:
+            cur, converged = s1, True
+            break
+        x2 = s1.damped(delta)
+        r = np.concatenate([x1[0] - x[0], x1[1] - x[1]])
+        v = np.concatenate([x2[0] - x1[0], x2[1] - x1[1]]) - r
+        nv = np.linalg.norm(v)
+        x = x2
+        if nv > 0 and np.isfinite(nv):
+            step = min(-np.linalg.norm(r) / nv, -1.0)
+            r0, r1 = r[:n], r[n:]
+            v0, v1 = v[:n], v[n:]
+            base = (x1[0] - r0, x1[1] - r1)  # x0
+            prop = (base[0] - 2 * step * r0 + step * step * v0, base[1] - 2 * step * r1 + step * step * v1)
+            if np.all(prop[0] >= 0) and np.all(np.isfinite(prop[0])) and np.all(np.isfinite(prop[1])):
+                try:
+                    sp_ = _Sweep(model, tau, *prop)
+                    sweeps += 1
+                    if np.isfinite(sp_.change) and sp_.change < s1.change:
+                        if sp_.change < tol:
+                            cur, converged = sp_, True
+                            break
+                        x = sp_.damped(delta)
+                        last = sp_.change
+                except np.linalg.LinAlgError:
+                    sweeps += 1
+    log_z = _log_z_ep(cur.post, tau, cur.shift, cur.mf, cur.vf, cur.cm, cur.cv, cur.log_zi)
+    return EPResult(cur.post, cur.prec, cur.shift, log_z, converged, sweeps)
 
 
 def _log_z_ep(post, tau, shift, mf, vf, cm, cv, log_zi):
@@ -356,7 +409,7 @@ def _find_mode(ev, K, max_iter=30):
     return eta, _hessian(ev, eta), it
 
 
-def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.7, tol=1e-7,
+def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.7, tol=1e-6,
                         max_sweeps=500) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
@@ -486,7 +539,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
     M = np.eye(model.qd) if M is None else np.asarray(M, dtype=float)
     with limit_blas(getattr(model, "blas_work", 0.0)):
         grid = integrate_variances(model, dz=settings.get("ep_dz"), drop=settings.get("ep_drop", 7.0),
-                                   damping=settings.get("ep_damping", 0.7), tol=settings.get("ep_tol", 1e-7))
+                                   damping=settings.get("ep_damping", 0.7), tol=settings.get("ep_tol", 1e-6))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
         s2_mean, s2_sd = grid.sigma2_moments()
         chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
