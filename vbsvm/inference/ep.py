@@ -171,7 +171,7 @@ class _Sweep:
                 (1.0 - delta) * self.shift + delta * self.new_shift)
 
 
-def expectation_propagation(model, tau, *, sites=None, damping=0.7, tol=1e-6, max_sweeps=500,
+def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, max_sweeps=500,
                             accelerate=True):
     r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
 
@@ -370,13 +370,15 @@ def _hessian(ev, eta, h=0.05):
     return H
 
 
-def _find_mode(ev, K, max_iter=30):
-    """Mode of ``log p~(eta | y)``: EM-type fixed-point steps, then damped Newton.
+def _find_mode(ev, K, max_iter=30, xtol=1e-3):
+    """Mode of ``log p~(eta | y)``: EM-type fixed-point steps, then damped quasi-Newton.
 
     At an EP fixed point the gradient is ``-m_k/2 + e^{-eta_k} sq_k/2 - A + B e^{-eta_k}``, zero at
-    ``sigma2_k = (sq_k + 2B)/(m_k + 2A)`` — the EM update, used for a safe start. Newton steps use
-    the Hessian by central differences of the gradient, are capped at 1 in every coordinate and
-    halved until ``log p~`` increases.
+    ``sigma2_k = (sq_k + 2B)/(m_k + 2A)`` — the EM update, used for a safe start. Newton steps start
+    from the Hessian by central differences of the gradient and update it by BFGS (re-differenced
+    when the update would lose positive definiteness); steps are capped at 1 in every coordinate
+    and halved until ``log p~`` increases; the iteration stops when the step is below ``xtol``.
+    Returns the mode, minus the Hessian there (central differences) and the Newton iterations.
     """
     m = ev.model
     eta = np.zeros(K)
@@ -384,32 +386,44 @@ def _find_mode(ev, K, max_iter=30):
         res = ev.run(eta)[2]
         sq = m.second_moments(res.mean, res.diag_cov)
         new = np.log((sq + 2 * m.B) / (ev.sizes + 2 * m.A))
-        if np.max(np.abs(new - eta)) < 1e-3:
+        if np.max(np.abs(new - eta)) < xtol:
             eta = new
             break
         eta = new
     it = 0
+    H = None
+    lp, grad, res = ev.run(eta)
     for it in range(1, max_iter + 1):
-        lp, grad, res = ev.run(eta)
-        H = _hessian(ev, eta)
+        if H is None:
+            H = _hessian(ev, eta)
         try:
             np.linalg.cholesky(H)
             step = np.linalg.solve(H, grad)
         except np.linalg.LinAlgError:
+            H = None
             step = grad / max(1.0, np.max(np.abs(grad)))
         step *= min(1.0, 1.0 / max(np.max(np.abs(step)), 1e-300))
         for _ in range(10):
-            if ev.run(eta + step, sites=(res.site_prec, res.site_shift))[0] >= lp - 1e-10:
+            new = ev.run(eta + step, sites=(res.site_prec, res.site_shift))
+            if new[0] >= lp - 1e-10:
                 break
             step /= 2.0
         eta = eta + step
-        ev.sites = res.site_prec, res.site_shift
-        if np.max(np.abs(step)) < 1e-4:
+        yv = grad - new[1]  # minus the change of the gradient
+        lp, grad, res = new
+        if np.max(np.abs(step)) < xtol:
             break
+        if H is not None:
+            sy = float(step @ yv)
+            Hs = H @ step
+            if sy > 1e-12:
+                H = H - np.outer(Hs, Hs) / float(step @ Hs) + np.outer(yv, yv) / sy
+            else:
+                H = None
     return eta, _hessian(ev, eta), it
 
 
-def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.7, tol=1e-6,
+def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
                         max_sweeps=500) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
@@ -615,7 +629,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
     M = np.eye(model.qd) if M is None else np.asarray(M, dtype=float)
     with limit_blas(getattr(model, "blas_work", 0.0)):
         grid = integrate_variances(model, dz=settings.get("ep_dz"), drop=settings.get("ep_drop", 7.0),
-                                   damping=settings.get("ep_damping", 0.7), tol=settings.get("ep_tol", 1e-6))
+                                   damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", 1e-6))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
         ep_mean, ep_var = mean.copy(), var.copy()
         s2_mean, s2_sd = grid.sigma2_moments()
