@@ -187,6 +187,60 @@ def test_one_coefficient_many_sites_close_to_exact():
     assert res.log_z == pytest.approx(log_z, abs=0.02)
 
 
+def test_corrected_marginal_exact_for_one_coefficient():
+    """With one coefficient every score is x_i beta, q(f_i | beta) is a point mass and the
+    factorized correction q(beta) prod_i t_i / t~_i is the exact posterior."""
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=30)
+    y = np.where(1.5 * x + rng.logistic(size=30) > 0, 1.0, -1.0)
+    prec = 0.3
+    model = one_coefficient(x, y, prec)
+    res = ep.expectation_propagation(model, np.array([prec]), tol=1e-10)
+    b = np.linspace(-20, 20, 400001)
+    logp = -0.5 * prec * b * b - 2.0 * np.maximum(0, 1 - y[:, None] * x[:, None] * b[None, :]).sum(0)
+    w = np.exp(logp - logp.max())
+    mean = np.sum(w * b) / w.sum()
+    sd = np.sqrt(np.sum(w * b * b) / w.sum() - mean ** 2)
+    c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(1), z=np.linspace(-12, 12, 24001))
+    assert c_mean[0] == pytest.approx(mean, abs=1e-5 * sd)
+    assert c_sd[0] == pytest.approx(sd, rel=1e-5)
+    # default evaluation points: close too
+    c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(1))
+    assert abs(c_mean[0] - mean) < 0.01 * sd and c_sd[0] == pytest.approx(sd, rel=0.01)
+
+
+def test_corrected_marginal_of_linear_combination_matches_dense_formula():
+    """The correction of l^T theta with random intercepts (Schur-structured covariances) against
+    the same formula written with the dense covariance."""
+    model, C = small_model(n=50, m=6, seed=8)
+    tau = model.prior_precision([0.8, 1.5])
+    res = ep.expectation_propagation(model, tau, tol=1e-10)
+    L = np.array([[1.0, -0.4, 0.3], [0.0, 1.0, 0.0]])
+    c_mean, c_sd = ep.corrected_marginals(res, model, L)
+    Sigma = np.linalg.inv(C.T @ (res.site_prec[:, None] * C) + np.diag(tau))
+    mu = Sigma @ (C.T @ res.site_shift)
+    zz = np.linspace(-9, 9, 61)
+    for k, l_d in enumerate(L):
+        lv = np.r_[l_d, np.zeros(model.m_sparse)]
+        s = lv @ Sigma @ lv
+        logc = np.zeros(zz.size)
+        for i in range(model.n):  # plain loops: the transcription
+            kk = C[i] @ Sigma @ lv
+            vi, mi = C[i] @ Sigma @ C[i], C[i] @ mu
+            for j, zj in enumerate(zz):
+                a, bv = mi + kk / np.sqrt(s) * zj, vi - kk * kk / s
+                fn = lambda f: (np.exp(-0.5 * (f - a) ** 2 / bv) / np.sqrt(2 * np.pi * bv) * hinge(model.y[i], f)  # noqa: E731
+                                * np.exp(0.5 * res.site_prec[i] * f * f - res.site_shift[i] * f))
+                sd_b = np.sqrt(bv)
+                logc[j] += np.log(integrate.quad(fn, a - 30 * sd_b, a + 30 * sd_b, points=[model.y[i]], limit=200)[0])
+        lp = -0.5 * zz ** 2 + logc
+        w = np.exp(lp - lp.max())
+        w /= w.sum()
+        zm = w @ zz
+        assert c_mean[k] == pytest.approx(lv @ mu + np.sqrt(s) * zm, abs=1e-6)
+        assert c_sd[k] == pytest.approx(np.sqrt(s) * np.sqrt(w @ (zz - zm) ** 2), rel=1e-6)
+
+
 # --------------------------------------------------------------------------- variances
 def test_gradient_of_log_posterior_of_eta_is_exact_at_fixed_point():
     model, _ = small_model(seed=1)
@@ -284,5 +338,9 @@ def test_fixed_penalty_is_one_gaussian():
     out = ep.fit_calibrated(model, {"draws": 10, "chains": 1, "seed": 0})
     assert out["grid_eta"].shape == (1, 0)
     res = ep.expectation_propagation(model, model.prior_precision([]))
-    np.testing.assert_allclose(out["theta_mean"], res.mean, atol=1e-5)
+    np.testing.assert_allclose(out["theta_mean_ep"], res.mean, atol=1e-5)
+    np.testing.assert_allclose(out["theta_var_ep"], res.diag_cov, rtol=1e-5)
+    c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(3))
+    np.testing.assert_allclose(out["theta_mean"], c_mean, atol=1e-5)
+    np.testing.assert_allclose(np.sqrt(out["theta_var"]), c_sd, rtol=1e-5)
     assert out["log_evidence"] == pytest.approx(res.log_z, abs=1e-5)
