@@ -241,6 +241,44 @@ def test_corrected_marginal_of_linear_combination_matches_dense_formula():
         assert c_sd[k] == pytest.approx(np.sqrt(s) * np.sqrt(w @ (zz - zm) ** 2), rel=1e-6)
 
 
+def test_local_intercept_correction_matches_quadrature_transcription():
+    model, C = small_model(n=50, m=6, seed=9)
+    tau = model.prior_precision([0.8, 1.5])
+    res = ep.expectation_propagation(model, tau, tol=1e-10)
+    c_mean, c_var = ep.local_intercept_marginals(res, model)
+    Sigma = np.linalg.inv(C.T @ (res.site_prec[:, None] * C) + np.diag(tau))
+    mu = Sigma @ (C.T @ res.site_shift)
+    zz = ep.LOCAL_Z
+    for level in (0, 3):
+        j = model.qd + level
+        s = Sigma[j, j]
+        logc = np.zeros(zz.size)
+        for i in np.flatnonzero(model.codes == level):
+            kk = C[i] @ Sigma[:, j]
+            vi, mi = C[i] @ Sigma @ C[i], C[i] @ mu
+            for t, zt in enumerate(zz):
+                a, bv = mi + kk / np.sqrt(s) * zt, vi - kk * kk / s
+                fn = lambda f: (np.exp(-0.5 * (f - a) ** 2 / bv) / np.sqrt(2 * np.pi * bv) * hinge(model.y[i], f)  # noqa: E731
+                                * np.exp(0.5 * res.site_prec[i] * f * f - res.site_shift[i] * f))
+                sd_b = np.sqrt(bv)
+                logc[t] += np.log(integrate.quad(fn, a - 30 * sd_b, a + 30 * sd_b, points=[model.y[i]], limit=200)[0])
+        lp = -0.5 * zz ** 2 + logc
+        w = np.exp(lp - lp.max())
+        w /= w.sum()
+        zm = w @ zz
+        assert c_mean[level] == pytest.approx(mu[j] + np.sqrt(s) * zm, abs=1e-6)
+        assert c_var[level] == pytest.approx(s * (w @ zz ** 2 - zm ** 2), rel=1e-6)
+
+
+def test_variance_correction_option_runs_and_raises_the_variance():
+    model, _ = small_model(n=150, m=30, seed=10, penalty=False)
+    plain = ep.integrate_variances(model)
+    corrected = ep.integrate_variances(model, correct_variance=True)
+    assert np.isclose(corrected.weights.sum(), 1.0) and np.all(np.isfinite(corrected.log_density))
+    # the corrected second moments of one-sided groups are larger: the variance moves up
+    assert corrected.sigma2_moments()[0][0] >= plain.sigma2_moments()[0][0]
+
+
 # --------------------------------------------------------------------------- variances
 def test_gradient_of_log_posterior_of_eta_is_exact_at_fixed_point():
     model, _ = small_model(seed=1)
