@@ -49,14 +49,24 @@ with the sites held fixed, :math:`-m_k/2 + \tau_k(\lVert\mu_k\rVert^2 + \mathrm{
 
 **Integration over the variances (INLA-style).** With :math:`\eta = \log\sigma^2` (each
 :math:`\sigma^2_k \sim IG(A, B)`), :math:`\log \tilde p(\eta \mid y) = \log Z_{EP}(\eta) + \log p(\eta)`,
-:math:`\log p(\eta) = A\log B - \log\Gamma(A) - A\eta - B e^{-\eta}`. The mode is found with
-L-BFGS (analytic gradient, EP warm-started from the previous sites), the curvature there by
-central differences of the gradient, and a regular grid in the standardized coordinates
-:math:`z = \Lambda^{1/2} V^T(\eta - \eta^*)` is explored outward from the mode until the log
-density falls by more than ``drop``. The posterior is the mixture over grid points with weights
-:math:`\propto \tilde p(\eta_g \mid y)` (a regular grid: the Jacobian is constant): theta is a
-Gaussian mixture, each variance a discrete distribution on the grid (drawn with a uniform jitter
-within its cell). Without inferred variances the result is the single EP Gaussian.
+:math:`\log p(\eta) = A\log B - \log\Gamma(A) - A\eta - B e^{-\eta}`. The mode is found by
+EM-type steps then quasi-Newton (analytic gradient, EP warm-started from the previous sites), the
+curvature there by central differences of the gradient, and a regular grid in the standardized
+coordinates :math:`z = \Lambda^{1/2} V^T(\eta - \eta^*)` (step ``dz``) is explored outward from the
+mode until the log density falls by more than ``drop``. The posterior is the mixture over grid
+points with weights :math:`\propto \tilde p(\eta_g \mid y)` (a regular grid: the Jacobian is
+constant): theta is a Gaussian mixture, each variance a discrete distribution on the grid (drawn
+with a uniform jitter within its cell). Without inferred variances it is the single EP Gaussian.
+
+**Marginal corrections.** EP's Gaussian misses the skewness and heavy tails of coefficients set by
+a few rows (spam's ``address``: EP sd 0.52x Gibbs). :func:`corrected_marginals` applies the
+factorized correction (Cseke & Heskes 2011) to every reported fixed effect and
+:func:`local_intercept_marginals` to the intercepts of the eliminated factor, at the heaviest grid
+point; :func:`fit_calibrated` carries them to the mixture as a shift and a scale per coordinate.
+
+Measured against the package's Gibbs sampler (``benchmarks/calibrated_vb.py``): fixed effects within
+0.1 Gibbs sd (toenail 0.15) and sd ratios 0.88-1.03 on toenail, heart, diabetis, german, spam and
+the Section 4.2 simulations; sigma2 within 1% (penalty) and -12% (toenail random intercepts).
 """
 
 from __future__ import annotations
@@ -73,7 +83,8 @@ from ..models.linear import CoefficientPosterior, WoodburyPosterior
 from .threads import limit_blas
 
 __all__ = ["tilted_moments", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
-           "integrate_variances", "corrected_marginals", "fit_calibrated", "sample_grid"]
+           "integrate_variances", "corrected_marginals", "local_intercept_marginals", "fit_calibrated",
+           "sample_grid"]
 
 LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -366,7 +377,8 @@ class GridPosterior:
     weights : ndarray (G,)
         Normalized mixture weights.
     log_density : ndarray (G,)
-        ``log Z_EP + log p(eta)`` at each point.
+        ``log Z_EP + log p(eta)`` at each point (plus the integrated gradient correction with
+        ``correct_variance=True``).
     fits : list of EPResult
         The EP Gaussian at each point.
     step : ndarray (K, K)
@@ -397,11 +409,9 @@ class GridPosterior:
         return float(top + np.log(np.sum(np.exp(self.log_density - top)) * cell))
 
     def sigma2_moments(self):
-        """Mean and sd of every variance under the grid posterior (cells of uniform eta)."""
+        """Mean and sd of every variance under the grid posterior (the grid rule on the points)."""
         if self.eta.shape[1] == 0:
             return np.zeros(0), np.zeros(0)
-        # E[e^{eta + step u}] over the uniform cell: per axis-aligned grid in z the cell jitter
-        # is small; use the midpoint values weighted (error O(step^2)).
         s2 = np.exp(self.eta)
         mean = self.weights @ s2
         var = self.weights @ (s2 * s2) - mean * mean
