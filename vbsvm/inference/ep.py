@@ -215,19 +215,27 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
     """
     y = model.y
     n = y.size
-    if sites is None:
-        x = (np.ones(n), 2.0 * y)
-    else:
-        x = (sites[0].copy(), sites[1].copy())
+    default = (np.ones(n), 2.0 * y)
+    x = default if sites is None else (sites[0].copy(), sites[1].copy())
     tau = np.asarray(tau, dtype=float)
     delta = float(damping)
     last = np.inf
     converged = False
     sweeps = 0
-    cur = None
+    good = None  # the last pass with finite moments
     while sweeps < max_sweeps:
-        cur = _Sweep(model, tau, *x)
+        cur = _try_sweep(model, tau, x)
         sweeps += 1
+        if cur is None:  # a step too far (e.g. extreme variances): back off towards the last good sites
+            if good is None:
+                if x is default:
+                    break
+                x = default
+                continue
+            delta = max(0.05, 0.5 * delta)
+            x = good.damped(delta)
+            continue
+        good = cur
         if cur.change < tol:
             converged = True
             break
@@ -238,10 +246,15 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
         if not accelerate or sweeps + 2 > max_sweeps:
             x = x1
             continue
-        s1 = _Sweep(model, tau, *x1)
+        s1 = _try_sweep(model, tau, x1)
         sweeps += 1
+        if s1 is None:
+            delta = max(0.05, 0.5 * delta)
+            x = cur.damped(delta)
+            continue
+        good = s1
         if s1.change < tol:
-            cur, converged = s1, True
+            converged = True
             break
         x2 = s1.damped(delta)
         r = np.concatenate([x1[0] - x[0], x1[1] - x[1]])
@@ -255,19 +268,32 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
             base = (x1[0] - r0, x1[1] - r1)  # x0
             prop = (base[0] - 2 * step * r0 + step * step * v0, base[1] - 2 * step * r1 + step * step * v1)
             if np.all(prop[0] >= 0) and np.all(np.isfinite(prop[0])) and np.all(np.isfinite(prop[1])):
-                try:
-                    sp_ = _Sweep(model, tau, *prop)
-                    sweeps += 1
-                    if np.isfinite(sp_.change) and sp_.change < s1.change:
-                        if sp_.change < tol:
-                            cur, converged = sp_, True
-                            break
-                        x = sp_.damped(delta)
-                        last = sp_.change
-                except np.linalg.LinAlgError:
-                    sweeps += 1
-    log_z = _log_z_ep(cur.post, tau, cur.shift, cur.mf, cur.vf, cur.cm, cur.cv, cur.log_zi)
-    return EPResult(cur.post, cur.prec, cur.shift, log_z, converged, sweeps)
+                sp_ = _try_sweep(model, tau, prop)
+                sweeps += 1
+                if sp_ is not None and sp_.change < s1.change:
+                    good = sp_
+                    if sp_.change < tol:
+                        converged = True
+                        break
+                    x = sp_.damped(delta)
+                    last = sp_.change
+    if good is None:
+        raise FloatingPointError("EP failed: the Gaussian of the sites has no finite moments at these "
+                                 "prior precisions.")
+    log_z = _log_z_ep(good.post, tau, good.shift, good.mf, good.vf, good.cm, good.cv, good.log_zi)
+    return EPResult(good.post, good.prec, good.shift, log_z, converged, sweeps)
+
+
+def _try_sweep(model, tau, x):
+    """:class:`_Sweep` from sites ``x``, or None if its moments or new sites are not finite."""
+    try:
+        with np.errstate(all="ignore"):
+            out = _Sweep(model, tau, *x)
+    except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+        return None
+    ok = (np.isfinite(out.change) and np.all(out.vf > 0) and np.all(np.isfinite(out.new_prec))
+          and np.all(np.isfinite(out.new_shift)) and np.all(np.isfinite(out.log_zi)) and np.all(out.new_prec >= 0))
+    return out if ok else None
 
 
 def _log_z_ep(post, tau, shift, mf, vf, cm, cv, log_zi):
@@ -340,14 +366,24 @@ class _Evidence:
         self.n_ep = 0
         self.n_sweeps = 0
         self.unconverged = 0
+        self.failed = 0
 
     def run(self, eta, sites=None):
         key = tuple(np.round(np.asarray(eta, dtype=float), 12))
         if key in self.cache:
             return self.cache[key]
         tau = self.model.prior_precision(np.exp(-np.asarray(eta, dtype=float)))
-        res = expectation_propagation(self.model, tau, sites=sites if sites is not None else self.sites,
-                                      **self.options)
+        try:
+            res = expectation_propagation(self.model, tau, sites=sites if sites is not None else self.sites,
+                                          **self.options)
+            ok = np.isfinite(res.log_z) and np.all(np.isfinite(res.mean)) and np.all(np.isfinite(res.diag_cov))
+        except FloatingPointError:
+            ok = False
+        if not ok:  # no usable Gaussian at these variances: zero posterior weight
+            self.failed += 1
+            out = (-np.inf, np.full(len(self.sizes), np.nan), None)
+            self.cache[key] = out
+            return out
         self.sites = (res.site_prec, res.site_shift)
         self.n_ep += 1
         self.n_sweeps += res.n_sweeps
@@ -419,15 +455,17 @@ class GridPosterior:
 
 
 def _hessian(ev, eta, h=0.05):
+    """Minus the Hessian of ``log p~(eta | y)`` by central differences of the gradient (NaN where
+    EP failed), each side warm-started from the sites at ``eta``."""
     K = eta.size
     H = np.empty((K, K))
+    centre = ev.run(eta)[2]
     for k in range(K):
         e = np.zeros(K)
         e[k] = h
-        H[:, k] = (ev.run(eta + e)[1] - ev.run(eta - e)[1]) / (2 * h)
-        ev.sites = ev.run(eta)[2].site_prec, ev.run(eta)[2].site_shift
-    H = -(H + H.T) / 2.0
-    return H
+        sites = (centre.site_prec, centre.site_shift) if centre is not None else None
+        H[:, k] = (ev.run(eta + e, sites=sites)[1] - ev.run(eta - e, sites=sites)[1]) / (2 * h)
+    return -(H + H.T) / 2.0
 
 
 def _find_mode(ev, K, max_iter=30, xtol=1e-3):
@@ -444,6 +482,8 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3):
     eta = np.zeros(K)
     for _ in range(3):
         res = ev.run(eta)[2]
+        if res is None:
+            break
         sq = m.second_moments(res.mean, res.diag_cov)
         new = np.log((sq + 2 * m.B) / (ev.sizes + 2 * m.A))
         if np.max(np.abs(new - eta)) < xtol:
@@ -453,10 +493,14 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3):
     it = 0
     H = None
     lp, grad, res = ev.run(eta)
+    if res is None:
+        raise FloatingPointError("EP failed at the starting variances; the model may be degenerate.")
     for it in range(1, max_iter + 1):
         if H is None:
             H = _hessian(ev, eta)
         try:
+            if not np.all(np.isfinite(H)):
+                raise np.linalg.LinAlgError
             np.linalg.cholesky(H)
             step = np.linalg.solve(H, grad)
         except np.linalg.LinAlgError:
@@ -468,6 +512,8 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3):
             if new[0] >= lp - 1e-10:
                 break
             step /= 2.0
+        else:
+            break  # no ascent along the step: keep eta
         eta = eta + step
         yv = grad - new[1]  # minus the change of the gradient
         lp, grad, res = new
@@ -519,12 +565,18 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     K = len(model.variance_components)
     if K == 0:
         lp, _, res = ev.run(np.zeros(0))
+        if res is None:
+            raise FloatingPointError("EP found no finite Gaussian for this model (fixed prior precisions).")
         return GridPosterior(np.zeros((1, 0)), np.array([lp]), [res], np.zeros((0, 0)), np.zeros(0),
                              np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged,
-                                                 "seconds": time.perf_counter() - start})
+                                                 "seconds": time.perf_counter() - start, "failed": ev.failed})
     if dz is None:
         dz = {1: 0.5, 2: 0.75}.get(K, 1.0)
     mode, H, n_newton = _find_mode(ev, K)
+    if not np.all(np.isfinite(H)):
+        warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
+                      ConvergenceWarning, stacklevel=3)
+        H = np.eye(K)
     evals, evecs = np.linalg.eigh(H)
     if np.any(evals <= 0):
         warnings.warn("the log posterior of the log variances is not concave at its mode; the grid "
@@ -542,6 +594,8 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         nxt = []
         for idx in frontier:
             base = points[idx][2]
+            if base is None:
+                continue
             for k, sgn in itertools.product(range(K), (-1, 1)):
                 new = list(idx)
                 new[k] += sgn
@@ -551,6 +605,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                 eta = mode + step @ np.array(new, dtype=float)
                 out = ev.run(eta, sites=(base.site_prec, base.site_shift))
                 points[new] = out
+                if out[2] is None:
+                    delta[new] = -np.inf
+                    continue
                 delta[new] = delta[idx] + 0.5 * float((base.grad_correction + out[2].grad_correction)
                                                       @ (sgn * step[:, k]))
                 value = out[0] + delta[new]
@@ -561,12 +618,16 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     if frontier:
         warnings.warn(f"the variance grid reached max_points={max_points} before the log density fell by "
                       f"{drop}; the tails are truncated.", ConvergenceWarning, stacklevel=3)
-    keys = list(points)
+    keys = [k for k in points if points[k][2] is not None]
     eta = np.array([mode + step @ np.array(k, dtype=float) for k in keys])
     lp = np.array([points[k][0] + delta[k] for k in keys])
     fits = [points[k][2] for k in keys]
-    info = {"n_ep": ev.n_ep, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged,
+    info = {"n_ep": ev.n_ep, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "failed": ev.failed,
             "newton_iterations": n_newton, "seconds": time.perf_counter() - start}
+    if ev.failed:
+        warnings.warn(f"EP had no finite solution at {ev.failed} variance values (extreme variances of a "
+                      "nearly separable or prior-dominated model); they get zero weight.",
+                      ConvergenceWarning, stacklevel=3)
     if ev.unconverged:
         warnings.warn(f"EP did not converge at {ev.unconverged} of {ev.n_ep} variance values; increase "
                       "max_sweeps or lower damping.", ConvergenceWarning, stacklevel=3)
