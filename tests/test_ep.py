@@ -400,3 +400,36 @@ def test_separable_data_with_inferred_penalty_stays_finite():
     assert np.all(np.isfinite(out["theta_mean"])) and np.all(np.isfinite(out["theta_var"]))
     assert np.all(np.isfinite(out["theta_draws"]))
     assert out["theta_mean"][1] > 0  # the separating direction
+
+
+def test_posterior_dict_drives_the_vb_result_class(tmp_path):
+    """What the dispatch will do for method="vb": the dict (minus ``info``) as a Fit's posterior."""
+    import vbsvm
+    from vbsvm.api import _settings
+    from vbsvm.design import build_design
+    from vbsvm.results import Fit, ThetaLayout
+
+    df = vbsvm.datasets.simulate_grouped(30, 5, seed=2)
+    formula = "y ~ time * treatment + (1 | group)"
+    settings = _settings(formula, method="vb", penalty=None, missing="drop", standardize=True, draws=200,
+                         tune=10, chains=2, thin=1, seed=1, tol=1e-8, max_iter=100, accelerate=True,
+                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1)
+    design = build_design(formula, df, standardize=True, missing="drop")
+    model = LinearSVMModel.from_design(design, settings)
+    post = ep.fit_calibrated(model, settings, design.to_original(model.qd))
+    info = post.pop("info")
+    assert info["grid_points"] == post["grid_eta"].shape[0]
+    fit = Fit(design=design, layout=ThetaLayout.from_model(model, design), settings=settings, method="vb",
+              posterior=post, info={"model": "EP"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coef = fit.coef
+        np.testing.assert_allclose(coef["mean"], post["theta_mean"][: design.p])
+        vc = fit.varcomp()
+        assert vc["mean"].iloc[0] == pytest.approx(post["sigma2_mean"][0])
+        assert vc["sd"].iloc[0] == pytest.approx(post["sigma2_sd"][0])
+        prob = fit.predict(df.head(4), kind="prob")
+        assert np.all((prob >= 0) & (prob <= 1))
+        fit.save(tmp_path / "ep.nc")
+        again = vbsvm.load(tmp_path / "ep.nc")
+    np.testing.assert_allclose(again.coef["mean"], coef["mean"])
