@@ -140,6 +140,8 @@ class EPResult:
         Mean and marginal variances of theta.
     converged : bool
     n_sweeps : int
+    grad_correction : ndarray (K,)
+        Set by the variance integration: corrected minus EP gradient of ``log p~(eta | y)``.
     """
 
     def __init__(self, post, site_prec, site_shift, log_z, converged, n_sweeps):
@@ -395,7 +397,6 @@ class _Evidence:
         res.grad_correction = np.zeros_like(grad)
         if self.local is not None:
             c_mean, c_var = local_intercept_marginals(res, m)
-            res.local_moments = (c_mean, c_var)
             k = self.local
             res.grad_correction[k] = np.exp(-eta[k]) * (np.sum(c_mean ** 2 + c_var) - sq[k]) / 2.0
         out = (lp, grad, res)
