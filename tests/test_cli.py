@@ -65,7 +65,7 @@ def test_fit_prints_summary_and_saves(capsys, csv, tmp_path):
     out_path = tmp_path / "vb.nc"
     code, out, err = run(capsys, "fit", "y ~ time * C(arm) + (1 | group)", csv, "--out", out_path, "--seed", 3)
     assert code == 0, err
-    assert "Variational Bayes" in out and "time:C(arm)[T.placebo]" in out and "sigma2_group" in out
+    assert "Approximate posterior" in out and "time:C(arm)[T.placebo]" in out and "sigma2_group" in out
     assert f"saved the fit to {out_path}" in out
     back = vbsvm.load(out_path)
     direct = vbsvm.svm("y ~ time * C(arm) + (1 | group)", data=__import__("pandas").read_csv(csv), seed=3)

@@ -74,20 +74,20 @@ def finite_difference_check(fit, cols=None, eps=1e-6):
 
 @pytest.mark.parametrize("penalty", ["auto", None, 0.5])
 def test_lr_equals_finite_difference_of_tilted_vb_mean(sim, penalty):
-    fit = vbsvm.svm("y ~ .", data=sim, penalty=penalty)
+    fit = vbsvm.svm("y ~ .", data=sim, penalty=penalty, method="meanfield")
     assert finite_difference_check(fit) < 1e-4
 
 
 def test_lr_finite_difference_with_two_random_intercepts(grouped):
     """Dense (small factor) and Schur-eliminated (large factor) random intercepts, two variances."""
-    fit = vbsvm.svm("y ~ time * treatment + (1 | group) + (1 | site)", data=grouped)
+    fit = vbsvm.svm("y ~ time * treatment + (1 | group) + (1 | site)", data=grouped, method="meanfield")
     model = _rebuild_model(fit)
     assert model.m_sparse == 20 and len(model.variance_components) == 3
     assert finite_difference_check(fit, cols=[0, 1, 3, 4, 5, 8, 12, model.q - 1]) < 1e-4
 
 
 def test_fixed_point_map_is_the_vb_solution(sim):
-    fit = vbsvm.svm("y ~ .", data=sim)
+    fit = vbsvm.svm("y ~ .", data=sim, method="meanfield")
     model = _rebuild_model(fit)
     x, post = _vb_solution(fit, model)
     x_new, _ = fixed_point_map(model, x)
@@ -101,7 +101,7 @@ def test_fixed_point_map_is_the_vb_solution(sim):
 
 
 def test_lr_result_layout_and_symmetry(grouped):
-    fit = vbsvm.svm("y ~ time * treatment + (1 | group)", data=grouped)
+    fit = vbsvm.svm("y ~ time * treatment + (1 | group)", data=grouped, method="meanfield")
     lr = linear_response(fit)
     assert isinstance(lr, LinearResponse)
     q = fit.layout.q
@@ -121,7 +121,7 @@ def test_lr_result_layout_and_symmetry(grouped):
 def test_linear_response_is_explicit_and_leaves_the_fit_unchanged(sim, tmp_path):
     """Results never run inference: coef has no LR column, and the explicit call does not write
     into the fit (so save() writes the same file before and after)."""
-    fit = vbsvm.svm("y ~ x1 + x2 + x3 + x4", data=sim, seed=2)
+    fit = vbsvm.svm("y ~ x1 + x2 + x3 + x4", data=sim, seed=2, method="meanfield")
     assert "sd_lr" not in fit.coef.columns
     before = {k: np.array(v, copy=True) for k, v in fit.posterior.items()}
     sd = linear_response(fit).sd.to_numpy()
@@ -138,7 +138,7 @@ def test_not_applicable_fits(sim):
         gibbs = vbsvm.svm("y ~ x1", data=sim, method="gibbs", draws=50, tune=20, chains=1, progress=False)
     with pytest.raises(InputError, match="method='vb'"):
         linear_response(gibbs)
-    vb = vbsvm.svm("y ~ x1", data=sim)
+    vb = vbsvm.svm("y ~ x1", data=sim, method="meanfield")
     with pytest.raises(InputError, match="max_n"):
         linear_response(vb, max_n=50)
 
@@ -146,7 +146,7 @@ def test_not_applicable_fits(sim):
 def test_lr_sd_close_to_gibbs_sd_on_luts_simulation():
     """Section 4.2 design: plain VB sds are about half of Gibbs'; LR brings them within 20%."""
     df = vbsvm.datasets.simulate_luts(200, 5, seed=4)
-    vb = vbsvm.svm("y ~ .", data=df)
+    vb = vbsvm.svm("y ~ .", data=df, method="meanfield")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         gibbs = vbsvm.svm("y ~ .", data=df, method="gibbs", draws=2000, tune=500, chains=2, seed=1,

@@ -143,6 +143,9 @@ def _check_fit(fit):
             "Gibbs fits need no correction."
         )
     s = getattr(fit, "settings", {})
+    if s.get("approximation") == "calibrated" and "log_evidence" in getattr(fit, "posterior", {}):
+        raise InputError("linear response corrects the mean-field approximation (method='meanfield'); "
+                         "this fit is the calibrated EP approximation, whose sds need no correction.")
     if (s.get("prior") is not None or s.get("missing") == "impute" or "theta_mean" not in getattr(fit, "posterior", {})
             or getattr(getattr(fit, "layout", None), "covariances", [])):
         raise InputError(

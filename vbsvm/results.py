@@ -448,6 +448,8 @@ class Fit:
         if self.method == "map":
             return None, None
         P = self.posterior
+        if "theta_draws" in P:  # iid draws of a mixture (calibrated VB), stored at fit time
+            return P["theta_draws"], P["sigma2_draws"]
         chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
         rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
         lay = self.layout

@@ -15,7 +15,7 @@ from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 __all__ = ["build_summary", "frame_table", "penalty_description", "format_number"]
 
 METHOD_NAMES = {
-    "vb": "Variational Bayes (mean field)",
+    "vb": "Approximate posterior (fast)",
     "gibbs": "Gibbs sampling",
     "map": "Posterior mode (EM)",
 }
@@ -61,8 +61,13 @@ def _header(fit) -> dict:
     label, text = fit.prior_description()
     head[label] = text
     head["Standardized:"] = "yes (results on original scale)" if s.get("standardize", True) else "no"
-    if fit.method == "vb":
+    if fit.method == "vb" and "log_evidence" in fit.posterior:
+        head["Approximation:"] = "EP over a variance grid"
+        head["Log evidence (EP):"] = format_number(float(fit.posterior["log_evidence"]))
+        head["Grid points:"] = fit.info.get("grid_points", "?")
+    elif fit.method == "vb":
         elbo = fit.posterior["elbo"]
+        head["Approximation:"] = "mean field"
         head["ELBO:"] = format_number(float(elbo[-1]))
         head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
         head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
@@ -130,9 +135,14 @@ def build_summary(fit, level: float) -> Summary:
         f"Intervals: {100 * level:g}% "
         + ("Gaussian q-intervals." if fit.method == "vb" else "equal-tailed posterior quantiles." if fit.method == "gibbs" else "not available for a mode."),
     ]
-    if fit.method == "vb":
+    if fit.method == "vb" and "log_evidence" in fit.posterior:
+        notes.append("Calibrated approximation: expectation propagation integrated over a grid of the "
+                     "variances (intervals from the mixture's moments); compare with method='gibbs'.")
+    elif fit.method == "vb":
         notes.append("Mean-field VB sds for this augmentation are typically about half of MCMC's; "
                      "check with vbsvm.compare(fit_vb, fit_gibbs).")
+    if "approximation_note" in fit.info:
+        notes.append(fit.info["approximation_note"].capitalize() + ".")
     notes.extend(fit.info.get("summary_notes", []))
     smry.add_extra_txt(notes)
     return smry

@@ -626,8 +626,8 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     info = {"n_ep": ev.n_ep, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "failed": ev.failed,
             "newton_iterations": n_newton, "seconds": time.perf_counter() - start}
     if ev.failed:
-        warnings.warn(f"EP had no finite solution at {ev.failed} variance values (extreme variances of a "
-                      "nearly separable or prior-dominated model); they get zero weight.",
+        warnings.warn(f"EP had no finite solution at {ev.failed} variance values (extreme variances at which "
+                      "the model can put every point beyond the margin, or the prior dominates); they get zero weight.",
                       ConvergenceWarning, stacklevel=3)
     if ev.unconverged:
         warnings.warn(f"EP did not converge at {ev.unconverged} of {ev.n_ep} variance values; increase "

@@ -63,6 +63,13 @@ __all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_ef
 
 LOG_2PI = np.log(2.0 * np.pi)
 
+#: Support of the variances in the Gibbs sampler (standardized scale): the IG prior truncated to
+#: [1e-10, 1e10]. With separable data the pseudo-likelihood is flat along the separating direction
+#: and the posterior of a variance under IG(0.01, 0.01) has a tail close to 1/sigma2 that no sampler
+#: can explore (nor floating point represent); the truncation keeps every draw finite and changes
+#: nothing where the posterior is well determined.
+LOG_VARIANCE_RANGE = (math.log(1e-10), math.log(1e10))
+
 
 def fixed_effect_precision(design, penalty, sigma2_beta) -> np.ndarray:
     """Prior precision of each fixed effect: ``1/sigma2_beta`` for the intercept (and for all
@@ -325,7 +332,7 @@ class WoodburyPosterior(CoefficientPosterior):
 
     @staticmethod
     def applicable(model, tau) -> bool:
-        k = int(np.sum(tau[: model.qd] < WoodburyPosterior.VAGUE))
+        k = int(np.sum(model.vague_prior()[: model.qd]))
         return not model.m_sparse and 2 * model.n < model.qd - k and k <= model.n
 
     def __init__(self, model: "LinearSVMModel", w, tau, r):
@@ -335,8 +342,9 @@ class WoodburyPosterior(CoefficientPosterior):
         C = model.Cd
         n, qd = C.shape
         tau = tau[:qd]
-        self.ia = np.flatnonzero(tau < self.VAGUE)
-        self.ib = np.flatnonzero(tau >= self.VAGUE)
+        vague = model.vague_prior()[:qd]
+        self.ia = np.flatnonzero(vague)
+        self.ib = np.flatnonzero(~vague)
         Ca, Cb = C[:, self.ia], C[:, self.ib]
         self.Cb = Cb
         self.tinv = 1.0 / tau[self.ib]
@@ -582,6 +590,16 @@ class LinearSVMModel:
                 tau[c.index] = c.precision if c.kind == "fixed" else next(it)
         return tau
 
+    def vague_prior(self) -> np.ndarray:
+        """Coordinates with a known vague prior (precision below ``WoodburyPosterior.VAGUE``, e.g.
+        the intercept's ``N(0, 1e8)``); an inferred variance never counts as vague, however large
+        its current value, so the Woodbury split does not change with it."""
+        mask = np.zeros(self.q, dtype=bool)
+        for c in self.components:
+            if c.kind == "fixed" and c.precision < WoodburyPosterior.VAGUE:
+                mask[c.index] = True
+        return mask
+
     def prior_blocks(self, covariance_precisions) -> list:
         """``(index, Lambda)`` of each covariance component, given its precision matrix."""
         return [(c.index, Lam) for c, Lam in zip(self.covariance_components, covariance_precisions)]
@@ -705,6 +723,8 @@ class LinearSVMModel:
         yg, yrest = self.y * g, 1.0 - self.y * (f - s_old * g)
 
         def logp(v):
+            if not LOG_VARIANCE_RANGE[0] < v < LOG_VARIANCE_RANGE[1]:
+                return -math.inf
             return (-2.0 * float(np.maximum(0.0, yrest - math.exp(0.5 * v) * yg).sum())
                     + self.variance_log_prior(math.exp(v)) + v)
 
@@ -803,7 +823,7 @@ class LinearSVMModel:
         theta = post.sample(rng)
         if self.variance_components:
             sq = np.array([np.sum(theta[c.index] ** 2) for c in self.variance_components])
-            sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
+            sigma2 = self.variance_posterior(sq).sample_truncated(np.exp(LOG_VARIANCE_RANGE), rng)
         else:
             sigma2 = np.zeros(0)
         theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng)
