@@ -15,22 +15,27 @@ hyperparameters when ``optimize=True``.  ``y ~ . - 1`` (or ``bias=False``) remov
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pandas as pd
-
-from vbsvm.inference.svi import (ArrayBatches, FitState, StreamBatches, fit_batch, fit_svi)
-from vbsvm.models.gp import (InducingGP, Kernel, WhitenedGaussian, gibbs_sparse, kernel_from_dict,
-                             make_kernel, predictive_prob, select_inducing)
+from scipy.linalg import cho_factor, cho_solve
 
 from vbsvm.design import design_from_text, design_to_text
 from vbsvm.exceptions import InputError
+from vbsvm.inference.gibbs import run_chains
+from vbsvm.inference.svi import ArrayBatches, FitState, StreamBatches, fit_svi
 from vbsvm.inference.threads import limit_blas
+from vbsvm.inference.vb import coordinate_ascent
+from vbsvm.models.gp import (InducingGP, Kernel, SparseGPSVM, WhitenedGaussian, kernel_from_dict,
+                             make_kernel, predictive_prob, sample_rows, select_inducing)
 
-__all__ = ["gpsvm", "fit_gp", "GPFit"]
+__all__ = ["gpsvm", "fit_gp", "fit_batch", "gibbs_sparse", "GPFit"]
 
 _METHODS = ("svi", "vb", "gibbs")
+
+#: largest number of inducing points of batch VB (m = n for the full GP): a sweep costs
+#: O(n m^2 + m^3) and holds an (n, m) projection; measured (2 cores) ~ see benchmarks/gp_vb_size
+VB_MAX_INDUCING = 2000
 
 
 def _check_positive_int(value, name, allow_none=False):
@@ -42,13 +47,72 @@ def _check_positive_int(value, name, allow_none=False):
 
 
 # ---------------------------------------------------------------------------------------------
+# Engines on the GP model
+# ---------------------------------------------------------------------------------------------
+def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
+              optimize_inducing=False, hyper_mask=None, hyper_maxiter=5,
+              accelerate=True) -> FitState:
+    """Batch VB of the sparse-GP SVM: :func:`vbsvm.inference.vb.coordinate_ascent` (SQUAREM
+    accelerated, ELBO never decreasing) on :class:`vbsvm.models.gp.SparseGPSVM`.
+
+    Parameters
+    ----------
+    blocks : InducingGP
+        Kernel and inducing locations; left at the learned hyperparameters.
+    X, y : ndarray
+        Standardized predictors (n, d) and labels in {-1, +1}.
+    max_iter : int
+        Maximum number of sweeps.
+    tol : float
+        Relative ELBO change between accepted iterates that stops the iterations.
+    optimize, optimize_inducing, hyper_mask, hyper_maxiter
+        Hyperparameter learning (see :class:`~vbsvm.models.gp.SparseGPSVM`).
+    accelerate : bool
+        SQUAREM extrapolation (False: plain coordinate ascent).
+
+    Returns
+    -------
+    FitState
+    """
+    theta0 = blocks.kernel.theta
+    model = SparseGPSVM(blocks, X, y, optimize=optimize, optimize_inducing=optimize_inducing,
+                        hyper_mask=hyper_mask, hyper_maxiter=hyper_maxiter)
+    res = coordinate_ascent(model, tol=tol, max_iter=max_iter, accelerate=accelerate)
+    model.vb_finish(res.state)
+    return FitState(q=res.q, blocks=blocks, elbo=res.elbo, elbo_iter=np.arange(res.elbo.size),
+                    theta_trace=np.vstack([theta0, blocks.kernel.theta]), n_iter=res.n_sweeps,
+                    converged=res.converged, seconds=res.seconds, method="vb")
+
+
+def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, thin=1, seed=None,
+                 progress=False, n_jobs=1):
+    """Gibbs sampling of the sparse-GP SVM (bound model) with
+    :func:`vbsvm.inference.gibbs.run_chains` on :class:`vbsvm.models.gp.SparseGPSVM`.
+
+    Chain seeds are spawned from ``numpy.random.SeedSequence(seed)``; results do not depend on
+    ``n_jobs``.
+
+    Returns
+    -------
+    v : ndarray (chains, draws, m)
+        Whitened inducing values (u = L v).
+    result : vbsvm.inference.gibbs.GibbsResult
+        Timing and settings of the run.
+    """
+    model = SparseGPSVM(blocks, X, y)
+    res = run_chains(model, draws=draws, tune=tune, chains=chains, thin=thin, seed=seed,
+                     record=("v",), progress=progress, n_jobs=n_jobs)
+    return res.draws["v"], res
+
+
+# ---------------------------------------------------------------------------------------------
 # Array-level fit
 # ---------------------------------------------------------------------------------------------
 def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
            method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
            bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
            jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-           n_obs=None, feature_names=None, monitor_size=2000, learn=None, _design=None,
+           n_obs=None, feature_names=None, monitor_size=2000, learn=None, n_jobs=1, _design=None,
            _formula=None):
     """Fit the sparse-GP SVM on arrays (or a stream); see :func:`gpsvm` for the arguments.
 
@@ -61,6 +125,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     draws = _check_positive_int(draws, "draws")
     chains = _check_positive_int(chains, "chains")
     thin = _check_positive_int(thin, "thin")
+    n_jobs = _check_positive_int(n_jobs, "n_jobs")
     if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
         raise InputError(f"tune must be a non-negative integer, got {tune!r}")
     rng = np.random.default_rng(seed)
@@ -95,6 +160,14 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     else:
         inducing_eff = inducing
     m = _check_positive_int(64 if n_inducing is None else n_inducing, "n_inducing")
+    if method == "vb" and min(n if n_inducing is None else m, n) > VB_MAX_INDUCING:
+        what = (f"n_inducing=None means the full GP with all n = {n} rows as inducing points"
+                if n_inducing is None else f"n_inducing={m}")
+        raise InputError(
+            f"method='vb' cannot fit this size: {what}, and batch VB is limited to "
+            f"{VB_MAX_INDUCING} inducing points (each sweep costs O(n m^2 + m^3) and an (n, m) "
+            "matrix). Use method='svi' (minibatches; n_inducing=64 by default), or pass "
+            f"n_inducing <= {VB_MAX_INDUCING} with method='vb'.")
     k = make_kernel(kernel, d, lengthscale=lengthscale, variance=variance, bias=bias,
                     feature_names=feature_names)
     if isinstance(inducing_eff, str):
@@ -116,7 +189,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     with limit_blas(float(blocks.m) ** 3):
         if method == "vb":
             st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
-                           tol=tol or (1e-4 if optimize else 1e-8),
+                           tol=tol or (1e-6 if optimize else 1e-8),
                            optimize=optimize, optimize_inducing=optimize_inducing,
                            hyper_mask=mask)
         elif method == "svi":
@@ -125,7 +198,8 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                 mon = (Xk[:monitor_size], yk[:monitor_size])
             else:
                 src = ArrayBatches(X, y, batch_size or 100, rng)
-                mon = src.head(monitor_size)
+                idx = np.sort(sample_rows(rng, n, monitor_size))
+                mon = (X[idx], y[idx])
             st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-3,
                          optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
                          optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask)
@@ -136,26 +210,29 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                 st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-6,
                                optimize=True, optimize_inducing=optimize_inducing,
                                hyper_mask=mask)
-            t0 = time.perf_counter()
-            v, lam = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains,
-                                  thin=thin, seed=rng.integers(2**63), progress=progress)
-            secs = time.perf_counter() - t0 + (st.seconds if st else 0.0)
-            # Gaussian summary of the draws (for predict's fast path and to_arviz attrs)
-            flat = v.reshape(-1, blocks.m)
-            cov = np.cov(flat.T) + 1e-10 * np.eye(blocks.m)
-            P = np.linalg.inv(cov)
-            qg = WhitenedGaussian(P, P @ flat.mean(0))
-            st = FitState(q=qg, blocks=blocks, elbo=st.elbo if st else np.zeros(0),
+            v, res = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains, thin=thin,
+                                  seed=rng.integers(2**63), progress=progress, n_jobs=n_jobs)
+            st = FitState(q=_gaussian_of_draws(v), blocks=blocks,
+                          elbo=st.elbo if st else np.zeros(0),
                           elbo_iter=st.elbo_iter if st else np.zeros(0, int),
                           theta_trace=st.theta_trace if st else blocks.kernel.theta[None],
-                          n_iter=chains * (tune + draws * thin), converged=True, seconds=secs,
-                          method="gibbs")
+                          n_iter=chains * (tune + draws * thin), converged=True,
+                          seconds=res.seconds + (st.seconds if st else 0.0), method="gibbs")
             gibbs = v
     return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
                  formula=_formula, gibbs_draws=gibbs, settings=dict(
                      kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
                      batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
-                     draws=draws, tune=tune, chains=chains, thin=thin, streaming=streaming))
+                     draws=draws, tune=tune, chains=chains, thin=thin, n_jobs=n_jobs,
+                     streaming=streaming))
+
+
+def _gaussian_of_draws(v) -> WhitenedGaussian:
+    """Gaussian q(v) with the mean and covariance of Gibbs draws (for to_arviz attrs)."""
+    flat = v.reshape(-1, v.shape[-1])
+    cov = np.cov(flat.T).reshape(v.shape[-1], v.shape[-1]) + 1e-10 * np.eye(v.shape[-1])
+    c = cho_factor(cov, lower=True)
+    return WhitenedGaussian(cho_solve(c, np.eye(v.shape[-1])), cho_solve(c, flat.mean(0)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +242,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
           bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-          n_obs=None, standardize=True, missing="drop", learn=None):
+          n_obs=None, standardize=True, missing="drop", learn=None, n_jobs=1):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
 
     Parameters
@@ -201,14 +278,19 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     bias : bool, float or None
         Constant kernel term for the intercept (default: when the formula has an intercept).
     max_iter, tol : int, float
-        Iteration cap and relative-ELBO tolerance (defaults: vb 500 / 1e-8, 1e-4 per E/M cycle with optimize; svi 20000 / 1e-3).
+        Iteration cap and relative-ELBO tolerance (defaults: vb 500 sweeps / 1e-8, 1e-6 with
+        ``optimize``; svi 20000 / 1e-3).  ``method="vb"`` refuses more than
+        ``VB_MAX_INDUCING`` inducing points (the full GP of n rows has n): use ``"svi"``.
     step : {"adaptive", "robbins-monro"} or float
         SVI step size.
     hyper_every, hyper_lr : int, float
         SVI: variational steps per hyperparameter step, Adam rate (log scale).
     jitter : float
         Relative diagonal jitter of K_mm (raised automatically if needed).
-    draws, tune, chains, thin, progress : Gibbs settings.
+    draws, tune, chains, thin, progress : Gibbs settings (chains seeded from ``seed`` by
+        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept).
+    n_jobs : int
+        Gibbs: worker processes for the chains (results do not depend on it).
     seed : int or None
         Same seed, same fit.
     n_obs : int, optional
@@ -251,7 +333,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
                  bias=bias, max_iter=max_iter, tol=tol, step=step, hyper_every=hyper_every,
                  hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
                  thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
-                 learn=learn, _design=design, _formula=formula)
+                 learn=learn, n_jobs=n_jobs, _design=design, _formula=formula)
     return fit
 
 
