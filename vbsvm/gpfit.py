@@ -50,7 +50,7 @@ def _check_positive_int(value, name, allow_none=False):
 # Engines on the GP model
 # ---------------------------------------------------------------------------------------------
 def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
-              optimize_inducing=False, hyper_mask=None, hyper_maxiter=5,
+              optimize_inducing=False, hyper_mask=None, hyper_maxiter=2,
               accelerate=True) -> FitState:
     """Batch VB of the sparse-GP SVM: :func:`vbsvm.inference.vb.coordinate_ascent` (SQUAREM
     accelerated, ELBO never decreasing) on :class:`vbsvm.models.gp.SparseGPSVM`.
@@ -189,7 +189,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     with limit_blas(float(blocks.m) ** 3):
         if method == "vb":
             st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
-                           tol=tol or (1e-6 if optimize else 1e-8),
+                           tol=tol or (1e-5 if optimize else 1e-8),
                            optimize=optimize, optimize_inducing=optimize_inducing,
                            hyper_mask=mask)
         elif method == "svi":
@@ -207,7 +207,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             st = None
             if optimize:
                 # hyperparameters by VB (the sampler conditions on them), then sample
-                st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-6,
+                st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-5,
                                optimize=True, optimize_inducing=optimize_inducing,
                                hyper_mask=mask)
             v, res = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains, thin=thin,
@@ -278,7 +278,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     bias : bool, float or None
         Constant kernel term for the intercept (default: when the formula has an intercept).
     max_iter, tol : int, float
-        Iteration cap and relative-ELBO tolerance (defaults: vb 500 sweeps / 1e-8, 1e-6 with
+        Iteration cap and relative-ELBO tolerance (defaults: vb 500 sweeps / 1e-8, 1e-5 with
         ``optimize``; svi 20000 / 1e-3).  ``method="vb"`` refuses more than
         ``VB_MAX_INDUCING`` inducing points (the full GP of n rows has n): use ``"svi"``.
     step : {"adaptive", "robbins-monro"} or float
@@ -444,6 +444,60 @@ class GPFit:
             return self.blocks.L @ self.gibbs_draws.reshape(-1, self.n_inducing).mean(0)
         return self.blocks.L @ self.q.mean
 
+    # -- draws (pure: the fit is never changed) ----------------------------------------------
+    def _shape(self, chains, draws):
+        return (int(self.settings.get("chains", 4) if chains is None else chains),
+                int(self.settings.get("draws", 1000) if draws is None else draws))
+
+    def draws(self, chains=None, draws=None, seed=0):
+        """Draws of the whitened inducing values v (u = L v), shape ``(chains, draws, m)``.
+
+        Gibbs fits return their chains (the shape arguments do not apply); VB/SVI fits return iid
+        draws from q(v) of the requested shape (default ``settings["chains"]``,
+        ``settings["draws"]``), the same for the same ``seed``.  The fit is not changed.
+        """
+        if self.gibbs_draws is not None:
+            return self.gibbs_draws
+        ch, dr = self._shape(chains, draws)
+        return self.q.sample(np.random.default_rng(seed), ch * dr).reshape(ch, dr, -1)
+
+    def f_draws(self, newdata, chains=None, draws=None, seed=0):
+        """Draws of the latent score f at rows of ``newdata``, shape ``(chains, draws, rows)``:
+        ``f = A v + sqrt(k~) e`` (``e`` standard normal; f given u has variance k~), v from
+        :meth:`draws`.  The fit is not changed."""
+        X, _ = self._X(newdata)
+        A, kt = self.blocks.project(X)
+        V = self.draws(chains, draws, seed)
+        rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+        return V @ A.T + np.sqrt(kt) * rng.standard_normal(V.shape[:2] + (kt.size,))
+
+    def with_draw_shape(self, chains, draws):
+        """The same fit with ``(chains, draws)`` as its default VB draw shape (a new object;
+        this one is not changed)."""
+        return GPFit(self._state, self.method, self.n_obs, self.n_features, design=self.design,
+                     formula=self.formula, gibbs_draws=self.gibbs_draws,
+                     settings={**self.settings, "chains": int(chains), "draws": int(draws)})
+
+    def _posterior_dataset(self, V=None):
+        """Dataset with ``u`` (chain, draw, inducing) from the draws ``V`` of v (default
+        :meth:`draws`)."""
+        import xarray as xr
+
+        U = (self.draws() if V is None else V) @ self.blocks.L.T
+        return xr.Dataset({"u": (("chain", "draw", "inducing"), U)},
+                          coords={"chain": np.arange(U.shape[0]), "draw": np.arange(U.shape[1]),
+                                  "inducing": np.arange(self.n_inducing)})
+
+    def diagnostics(self):
+        """Gibbs fits: R-hat (rank-normalized), bulk/tail ESS and MCSE of every inducing value
+        ``u[j]`` (the sampled parameters; the hyperparameters are fixed while sampling), by the
+        code path of the linear Gibbs fits; None for VB/SVI fits."""
+        if self.gibbs_draws is None:
+            return None
+        from vbsvm.results import Fit
+
+        return Fit._compute_diagnostics(self)
+
     # -- predictions -------------------------------------------------------------------------
     def _X(self, newdata):
         if isinstance(newdata, pd.DataFrame) and self.design is not None:
@@ -532,6 +586,16 @@ class GPFit:
         data = [[f"{v:.4g}", f"{st:.4g}"] for v, st in zip(h["value"], h["start"])]
         s.tables.append(SimpleTable(data, headers=["value", "start"], stubs=list(h.index),
                                     title="Kernel hyperparameters"))
+        diag = self.diagnostics()
+        if diag is not None:
+            st = self.settings
+            worst = [f"{diag['r_hat'].max():.3f}", f"{diag['ess_bulk'].min():.0f}",
+                     f"{diag['ess_tail'].min():.0f}"]
+            s.tables.append(SimpleTable(
+                [worst], headers=["max R-hat", "min bulk ESS", "min tail ESS"],
+                stubs=[f"u ({self.n_inducing} values)"],
+                title=(f"Gibbs diagnostics: {st.get('chains')} chains x {st.get('draws')} draws "
+                       f"(tune {st.get('tune')}, thin {st.get('thin')}); fit.diagnostics() per value")))
         if len(el) > 1:
             tail = ", ".join(f"{e:.2f}" for e in el[-5:])
             s.add_extra_txt([f"ELBO trace (last {min(5, len(el))} of {len(el)}): {tail}",
@@ -573,8 +637,9 @@ class GPFit:
         return fig
 
     # -- ArviZ / persistence -----------------------------------------------------------------
-    def to_arviz(self, draws=1000, chains=4, seed=0):
-        """xarray.DataTree in ArviZ 1.x layout.
+    def to_arviz(self, draws=None, chains=None, seed=0):
+        """xarray.DataTree in ArviZ 1.x layout (VB/SVI draw shape: ``chains`` x ``draws``,
+        default from the fit's settings, 4 x 1000).
 
         ``posterior``: ``u`` (chain, draw, inducing) — Gibbs draws, or iid draws from q(u) for VB
         (q's mean and covariance in the group's attrs via ``vbsvm_state``); ``sample_stats``: the
@@ -583,20 +648,13 @@ class GPFit:
         import xarray as xr
 
         L = self.blocks.L
-        if self.gibbs_draws is not None:
-            V = self.gibbs_draws
-        else:
-            rng = np.random.default_rng(seed)
-            V = self.q.sample(rng, chains * draws).reshape(chains, draws, -1)
-        U = V @ L.T
-        ch, dr = U.shape[:2]
-        coords = {"chain": np.arange(ch), "draw": np.arange(dr), "inducing": np.arange(self.n_inducing)}
-        post = xr.Dataset({"u": (("chain", "draw", "inducing"), U)}, coords=coords,
-                          attrs={"inference": self.method,
-                                 "q_u_mean": (L @ self.q.mean).tolist() if self.gibbs_draws is None else [],
-                                 "note": "u = f(Z) at the inducing locations; VB: iid draws from q(u)"})
+        V = self.draws(chains, draws, seed)
+        post = self._posterior_dataset(V)
+        post.attrs.update({"inference": self.method,
+                           "q_u_mean": (L @ self.q.mean).tolist() if self.gibbs_draws is None else [],
+                           "note": "u = f(Z) at the inducing locations; VB: iid draws from q(u)"})
         ss = xr.Dataset({"lp_proxy": (("chain", "draw"), -0.5 * np.sum(V ** 2, axis=-1))},
-                        coords={"chain": coords["chain"], "draw": coords["draw"]})
+                        coords={"chain": post["chain"].values, "draw": post["draw"].values})
         st = self._state
         state = xr.Dataset({
             "Z": (("inducing", "feature"), self.inducing_points),

@@ -938,7 +938,7 @@ class SparseGPSVM:
     """
 
     def __init__(self, blocks: InducingGP, X, y, *, optimize=False, optimize_inducing=False,
-                 hyper_mask=None, hyper_maxiter=5):
+                 hyper_mask=None, hyper_maxiter=2):
         self.blocks = blocks
         self.X = np.asarray(X, dtype=float)
         self.y = np.asarray(y, dtype=float)
