@@ -2,9 +2,12 @@
 
 ``gpsvm("y ~ .", data=df, kernel="rbf", n_inducing=64, batch_size=100, method="svi")``
 
-The model and its algebra are written out in :mod:`vbsvm.models.gp`; the engines are in
-:mod:`vbsvm.inference.svi` (batch coordinate ascent and SVI) and
-:func:`vbsvm.models.gp.gibbs_sparse`.
+The model and its algebra are written out in :mod:`vbsvm.models.gp`
+(:class:`~vbsvm.models.gp.SparseGPSVM` supplies the updates, ELBO and full conditionals); the
+engines drive it: batch VB by :func:`vbsvm.inference.vb.coordinate_ascent` (:func:`fit_batch`),
+Gibbs sampling by :func:`vbsvm.inference.gibbs.run_chains` (:func:`gibbs_sparse`: chains seeded by
+``SeedSequence``, ``n_jobs``, tune/thin; R-hat and ESS in the summary), SVI by
+:func:`vbsvm.inference.svi.fit_svi`.  This module is the only one that imports both.
 
 Intercept: the formula's intercept column is dropped from X (the GP has no linear part); when
 the formula has an intercept (the default) the kernel gets a :class:`~vbsvm.models.gp.Constant`
@@ -269,8 +272,8 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         Stochastic VI (Algorithm 1), batch VB, or Gibbs sampling of the inducing-point model.
     optimize : bool
         Learn kernel hyperparameters by maximizing the ELBO (Section 4.3): Adam steps alternating
-        with ``hyper_every`` SVI steps, or L-BFGS M-steps in batch VB (for ``"gibbs"``: by batch
-        VB before sampling).
+        with ``hyper_every`` SVI steps, or in every batch-VB sweep two L-BFGS iterations on the
+        ELBO maximized over q(u) (for ``"gibbs"``: by batch VB before sampling).
     optimize_inducing : bool
         Also move the inducing locations.
     lengthscale, variance : float
