@@ -320,17 +320,25 @@ def test_gibbs_runs_through_run_chains_with_n_jobs_and_diagnostics():
 
 def test_batch_vb_refuses_sizes_it_cannot_fit_and_points_to_svi():
     from vbsvm.exceptions import InputError
-    from vbsvm.gpfit import VB_MAX_INDUCING
+    from vbsvm.gpfit import VB_MAX_INDUCING, VB_MAX_INDUCING_LEARN
 
-    n = VB_MAX_INDUCING + 1
-    X = np.linspace(-1, 1, n)[:, None]
-    y = np.where(X[:, 0] > 0, 1.0, -1.0)
-    with pytest.raises(InputError, match="method='svi'"):
-        fit_gp(X, y, method="vb")
-    with pytest.raises(InputError, match="n_inducing"):
-        fit_gp(X, y, method="vb", n_inducing=n)
+    def data(n):
+        X = np.linspace(-1, 1, n)[:, None]
+        return X, np.where(X[:, 0] > 0, 1.0, -1.0)
+
+    X, y = data(VB_MAX_INDUCING + 1)
+    with pytest.raises(InputError, match="method='svi'.*optimize=False"):
+        fit_gp(X, y, method="vb")  # the full GP, learning hyperparameters
+    with pytest.raises(InputError, match="limited to 2000: .*method='svi'"):
+        fit_gp(X, y, method="vb", optimize=False)
+    with pytest.raises(InputError, match="runs batch VB with 600 inducing points"):
+        fit_gp(X, y, method="gibbs", n_inducing=600)  # its hyperparameters come from batch VB
     fit = fit_gp(X, y, method="vb", n_inducing=10, optimize=False)  # sparse batch VB is fine
     assert fit.n_inducing == 10 and fit.converged
+    X, y = data(VB_MAX_INDUCING_LEARN + 1)
+    with pytest.raises(InputError, match="n_inducing <= 500"):
+        fit_gp(X, y, method="vb")
+    assert fit_gp(X, y, method="vb", optimize=False).n_inducing == X.shape[0]
 
 
 def test_batch_vb_learning_hyperparameters_converges_in_tens_of_sweeps():

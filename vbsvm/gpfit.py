@@ -37,8 +37,13 @@ __all__ = ["gpsvm", "fit_gp", "fit_batch", "gibbs_sparse", "GPFit"]
 _METHODS = ("svi", "vb", "gibbs")
 
 #: largest number of inducing points of batch VB (m = n for the full GP): a sweep costs
-#: O(n m^2 + m^3) and holds an (n, m) projection; measured (2 cores) ~ see benchmarks/gp_vb_size
+#: O(n m^2 + m^3) and holds (n, m) and (m, m) matrices.  Measured (benchmarks/gp_batch_vb.py, size
+#: part, 1 BLAS thread on a busy 2-core machine): fixed hyperparameters 16 sweeps, 3 s at
+#: n = m = 1000 and 24 s at 2000; learning them (each sweep also evaluates the collapsed ELBO and
+#: its gradient ~3 times) 5 s at 250 and 39 s at 500.
 VB_MAX_INDUCING = 2000
+#: the same limit when batch VB learns the hyperparameters (optimize=True)
+VB_MAX_INDUCING_LEARN = 500
 
 
 def _check_positive_int(value, name, allow_none=False):
@@ -163,14 +168,18 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     else:
         inducing_eff = inducing
     m = _check_positive_int(64 if n_inducing is None else n_inducing, "n_inducing")
-    if method == "vb" and min(n if n_inducing is None else m, n) > VB_MAX_INDUCING:
-        what = (f"n_inducing=None means the full GP with all n = {n} rows as inducing points"
-                if n_inducing is None else f"n_inducing={m}")
+    full = isinstance(inducing_eff, str) and inducing_eff == "data"
+    limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
+    m_eff = min(n if full else m, n)
+    if (method == "vb" or (method == "gibbs" and optimize)) and m_eff > limit:
+        learn = " when it learns the hyperparameters (optimize=True)" if optimize else ""
+        other = (f", or optimize=False (fixed hyperparameters, up to {VB_MAX_INDUCING})"
+                 if optimize else "")
         raise InputError(
-            f"method='vb' cannot fit this size: {what}, and batch VB is limited to "
-            f"{VB_MAX_INDUCING} inducing points (each sweep costs O(n m^2 + m^3) and an (n, m) "
-            "matrix). Use method='svi' (minibatches; n_inducing=64 by default), or pass "
-            f"n_inducing <= {VB_MAX_INDUCING} with method='vb'.")
+            f"method={method!r} runs batch VB with {m_eff} inducing points"
+            f"{' (n_inducing=None: the full GP, every row)' if full else ''}, but batch VB is "
+            f"limited to {limit}{learn}: each sweep costs O(n m^2 + m^3). Use method='svi' "
+            f"(minibatches; 64 inducing points by default), or n_inducing <= {limit}{other}.")
     k = make_kernel(kernel, d, lengthscale=lengthscale, variance=variance, bias=bias,
                     feature_names=feature_names)
     if isinstance(inducing_eff, str):
@@ -282,8 +291,9 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         Constant kernel term for the intercept (default: when the formula has an intercept).
     max_iter, tol : int, float
         Iteration cap and relative-ELBO tolerance (defaults: vb 500 sweeps / 1e-8, 1e-5 with
-        ``optimize``; svi 20000 / 1e-3).  ``method="vb"`` refuses more than
-        ``VB_MAX_INDUCING`` inducing points (the full GP of n rows has n): use ``"svi"``.
+        ``optimize``; svi 20000 / 1e-3).  Batch VB refuses more than ``VB_MAX_INDUCING`` (2000)
+        inducing points, or ``VB_MAX_INDUCING_LEARN`` (500) when it learns the hyperparameters
+        (the full GP of n rows has n): use ``"svi"``.
     step : {"adaptive", "robbins-monro"} or float
         SVI step size.
     hyper_every, hyper_lr : int, float
