@@ -313,7 +313,7 @@ def test_gp_draws_are_pure_and_of_the_requested_shape():
     np.testing.assert_allclose(F.reshape(-1, 4).var(0), var, rtol=0.1)
 
 
-def test_compare_gp_svi_against_gibbs_of_the_same_formula():
+def test_compare_gp_svi_against_gibbs_of_the_same_formula(tmp_path):
     df = _gp_frame(120, seed=3)
     kw = dict(n_inducing=15, seed=2, optimize=False, lengthscale=1.0)
     with warnings.catch_warnings():
@@ -336,3 +336,14 @@ def test_compare_gp_svi_against_gibbs_of_the_same_formula():
         c.plot("forest")
     with pytest.raises(InputError, match="n_points"):
         vbsvm.compare(svi, gibbs, n_points=0)
+    # saved GP fits carry no training rows: f is compared at the reference's inducing points
+    svi.save(tmp_path / "svi.nc")
+    gibbs.save(tmp_path / "gibbs.nc")
+    loaded = vbsvm.compare(vbsvm.load(tmp_path / "svi.nc"), vbsvm.load(tmp_path / "gibbs.nc"))
+    tab2 = loaded.table()
+    assert sum(p.startswith("f[z") for p in tab2.index) == 15
+    assert tab2.filter(like="f[z", axis=0)["svi_accuracy"].median() > 70
+    assert "carries no training data" in loaded.to_text()
+    with pytest.raises(InputError, match="predictions\\(data=frame\\)"):
+        loaded.predictions()
+    assert loaded.predictions(df)["agreement"].min() > 0.9

@@ -254,10 +254,17 @@ def _is_gp(fit) -> bool:
     return hasattr(fit, "predict_f") and hasattr(fit, "hyperparameters")
 
 
+def _training_rows(fit):
+    """The fit's training data as a DataFrame, or None when it does not carry it (array fits,
+    GP fits loaded from a file)."""
+    raw = getattr(getattr(fit, "design", None), "raw", None)
+    return raw if raw is not None and len(raw) > 0 else None
+
+
 def _gp_points(fit, n_points):
     """Up to ``n_points`` rows of ``fit``'s training data, evenly spaced (its inducing
-    locations when it has no formula), and their labels ``f[<row>]``."""
-    raw = getattr(getattr(fit, "design", None), "raw", None)
+    locations, standardized, when it carries no data), and their labels ``f[<row>]``."""
+    raw = _training_rows(fit)
     rows = raw if raw is not None else np.asarray(fit.inducing_points)
     idx = np.unique(np.linspace(0, len(rows) - 1, min(n_points, len(rows))).round().astype(int))
     if raw is not None:
@@ -481,7 +488,11 @@ class Comparison:
         cache = data is None
         ref_fit = self.fits[self.reference]
         if data is None:
-            data = ref_fit.design.raw
+            data = _training_rows(ref_fit)
+            if data is None:
+                raise InputError(
+                    f"the reference fit {self.reference!r} carries no training data (e.g. a GP fit "
+                    "loaded from a file); pass the rows to predict: predictions(data=frame).")
         design = getattr(ref_fit, "design", None)
         response = getattr(design, "response", None)
         obs = None
@@ -639,12 +650,13 @@ class Comparison:
     def to_text(self, *, ranef: bool = False, lr: bool = True, digits: int = 4) -> str:
         """The comparison table, the prediction agreement and notes, as plain text."""
         tab = self.table(ranef=ranef, lr=lr)
-        pred = self.predictions()
+        has_rows = _training_rows(self.fits[self.reference]) is not None
         lines = [f"Comparison of {', '.join(self.fits)} (reference: {self.reference})", ""]
         with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
             lines.append(tab.to_string(float_format=lambda v: f"{v:.{digits}g}"))
             lines += ["", "Predictions on the reference fit's training data:",
-                      pred.to_string(float_format=lambda v: f"{v:.{digits}g}")]
+                      self.predictions().to_string(float_format=lambda v: f"{v:.{digits}g}")
+                      if has_rows else "(not available: the reference fit carries no training data)"]
         notes = ["", "diff_sd = (mean - reference mean) / reference sd; sd_ratio = sd / reference sd;",
                  "accuracy = 100 (1 - 0.5 * integral |q - p_ref|) %, reference density by KDE when it is a sample."]
         if any(c.endswith("_sd_lr") for c in tab.columns):
