@@ -463,11 +463,20 @@ class GPFit:
                 int(self.settings.get("draws", 1000) if draws is None else draws))
 
     def draws(self, chains=None, draws=None, seed=0):
-        """Draws of the whitened inducing values v (u = L v), shape ``(chains, draws, m)``.
+        """Draws of the whitened inducing values v (u = L v).
 
-        Gibbs fits return their chains (the shape arguments do not apply); VB/SVI fits return iid
-        draws from q(v) of the requested shape (default ``settings["chains"]``,
-        ``settings["draws"]``), the same for the same ``seed``.  The fit is not changed.
+        Parameters
+        ----------
+        chains, draws : int or None
+            Shape of VB/SVI draws (default ``settings["chains"]``, ``settings["draws"]``, i.e.
+            4 x 1000); Gibbs fits return their chains and ignore them.
+        seed : int
+            VB/SVI: the same seed gives the same draws.
+
+        Returns
+        -------
+        ndarray (chains, draws, m)
+            The fit itself is not changed.
         """
         if self.gibbs_draws is not None:
             return self.gibbs_draws
@@ -475,9 +484,23 @@ class GPFit:
         return self.q.sample(np.random.default_rng(seed), ch * dr).reshape(ch, dr, -1)
 
     def f_draws(self, newdata, chains=None, draws=None, seed=0):
-        """Draws of the latent score f at rows of ``newdata``, shape ``(chains, draws, rows)``:
-        ``f = A v + sqrt(k~) e`` (``e`` standard normal; f given u has variance k~), v from
-        :meth:`draws`.  The fit is not changed."""
+        """Draws of the latent score f at rows of ``newdata``.
+
+        ``f = A v + sqrt(k~) e`` (``e`` standard normal: f given u has variance k~), v from
+        :meth:`draws`.
+
+        Parameters
+        ----------
+        newdata : DataFrame or ndarray
+            Rows (as for :meth:`predict`).
+        chains, draws, seed
+            As for :meth:`draws`.
+
+        Returns
+        -------
+        ndarray (chains, draws, rows)
+            The fit itself is not changed.
+        """
         X, _ = self._X(newdata)
         A, kt = self.blocks.project(X)
         V = self.draws(chains, draws, seed)

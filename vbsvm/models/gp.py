@@ -1015,6 +1015,7 @@ class SparseGPSVM:
         self.set_hyper(res.x if np.isfinite(res.fun) and res.fun < f0 else phi0)
 
     def vb_initial_state(self) -> np.ndarray:
+        """State of q(v) = N(0, I): log of its optimal alpha (and the current hyperparameters)."""
         alpha, _ = self.blocks.local(self.A, self.kt, self.y, self.blocks.prior_q())
         x = np.log(alpha)
         return np.concatenate([x, self.hyper()]) if self.optimize else x
@@ -1039,9 +1040,11 @@ class SparseGPSVM:
 
     # -- Gibbs pieces ------------------------------------------------------------------------
     def gibbs_initial_state(self, rng) -> dict:
+        """Start every chain at v = 0 (the prior mean)."""
         return {"v": np.zeros(self.blocks.m)}
 
     def gibbs_sweep(self, state, rng) -> dict:
+        """Draw lambda | v, then v | lambda (see the class docstring); returns the new state."""
         A, y = self.A, self.y
         c = np.maximum((1.0 - y * (A @ state["v"])) ** 2 + self.kt, ALPHA_MIN)
         il = 1.0 / sample_gig_half(c, rng)
