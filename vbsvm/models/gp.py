@@ -626,9 +626,6 @@ class WhitenedGaussian:
     def prior(cls, m):
         return cls(np.eye(m), np.zeros(m))
 
-    def copy(self):
-        return WhitenedGaussian(self.prec.copy(), self.shift.copy())
-
     @property
     def chol(self):
         if self._R is None:
