@@ -258,3 +258,92 @@ def test_vb_draws_are_fixed_once_fitted_without_seed(sim):
     fit = vbsvm.svm("y ~ x1 + x2", data=sim)
     a = fit.to_arviz()["posterior"]["beta"].values
     np.testing.assert_array_equal(a, fit.to_arviz()["posterior"]["beta"].values)
+
+
+# ------------------------------------------------------------------------------ draw shapes, GP
+def _gp_frame(n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 2))
+    y = np.where(np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - 1 + 0.3 * rng.normal(size=n) > 0, "yes", "no")
+    return pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "cls": y})
+
+
+def test_draw_shape_requests_are_honoured_for_every_fit_type(sim):
+    from vbsvm.compare import _posterior
+
+    incomplete = sim.copy()
+    incomplete.loc[::9, "x1"] = np.nan
+    df = _gp_frame(80)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fits = {
+            "vb": vbsvm.svm("y ~ x1 + x2", data=sim, chains=2, draws=300),
+            "laplace_zero": vbsvm.svm("y ~ x1 + x2 + x3", data=sim, prior=vbsvm.LaplaceZero(rho=0.3),
+                                      chains=2, draws=300),
+            "impute": vbsvm.svm("y ~ x1 + x2", data=incomplete, missing="impute", chains=2, draws=300),
+            "gp_svi": vbsvm.gpsvm("cls ~ a + b", df, n_inducing=10, seed=0, optimize=False),
+            "gibbs": vbsvm.svm("y ~ x1 + x2", data=sim, method="gibbs", chains=2, draws=50, tune=20,
+                               progress=False, seed=1),
+        }
+    for name, fit in fits.items():
+        var = "u" if name.startswith("gp") else "beta"
+        own = fit.to_arviz()["posterior"][var].shape[:2]
+        for shape in [(3, 41), (2, 17)]:  # a second request must not reuse the first one's draws
+            got = _posterior(fit, shape)[var].shape[:2]
+            assert got == (own if name == "gibbs" else shape), (name, shape, got)
+        assert fit.to_arviz()["posterior"][var].shape[:2] == own, name  # the fit is untouched
+    sel = fits["laplace_zero"]
+    assert "_vb_draw_cache" not in vars(sel) or vars(sel)["_vb_draw_cache"][0].shape[:2] == (2, 300)
+
+
+def test_gp_draws_are_pure_and_of_the_requested_shape():
+    df = _gp_frame(80)
+    fit = vbsvm.gpsvm("cls ~ a + b", df, n_inducing=10, seed=0, optimize=False)
+    a = fit.draws(2, 25, seed=3)
+    assert a.shape == (2, 25, 10)
+    np.testing.assert_array_equal(a, fit.draws(2, 25, seed=3))
+    assert fit.draws(1, 7).shape == (1, 7, 10)
+    assert fit.to_arviz()["posterior"]["u"].shape == (4, 1000, 10)
+    other = fit.with_draw_shape(3, 5)
+    assert other.to_arviz()["posterior"]["u"].shape == (3, 5, 10)
+    assert fit.settings["draws"] == 1000 and fit.to_arviz()["posterior"]["u"].shape == (4, 1000, 10)
+    F = fit.f_draws(df.iloc[:4], 2, 3000, seed=1)
+    mean, var = fit.predict_f(df.iloc[:4])
+    np.testing.assert_allclose(F.reshape(-1, 4).mean(0), mean, atol=4 * np.sqrt(var.max() / 6000))
+    np.testing.assert_allclose(F.reshape(-1, 4).var(0), var, rtol=0.1)
+
+
+def test_compare_gp_svi_against_gibbs_of_the_same_formula(tmp_path):
+    df = _gp_frame(120, seed=3)
+    kw = dict(n_inducing=15, seed=2, optimize=False, lengthscale=1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svi = vbsvm.gpsvm("cls ~ a + b", df, **kw)
+        gibbs = vbsvm.gpsvm("cls ~ a + b", df, method="gibbs", draws=600, tune=200, chains=2, **kw)
+    c = vbsvm.compare(svi, gibbs, n_points=12)
+    assert c.reference == "gibbs"
+    tab = c.table()
+    f_rows = [p for p in tab.index if p.startswith("f[")]
+    assert len(f_rows) == 12
+    assert {"rbf.variance", "rbf.lengthscale", "bias.variance"} <= set(tab.index)
+    np.testing.assert_allclose(tab.loc["rbf.lengthscale", ["svi_mean", "gibbs_mean"]], 1.0)
+    acc = tab.loc[f_rows, "svi_accuracy"]
+    assert acc.notna().all() and acc.median() > 70 and acc.min() > 50, acc.describe()
+    assert tab.loc["rbf.variance", "svi_accuracy"] != tab.loc["rbf.variance", "svi_accuracy"]  # NaN: points
+    pred = c.predictions()
+    assert pred.loc["svi", "agreement"] > 0.9
+    with pytest.raises(InputError, match="GP fits"):
+        c.plot("forest")
+    with pytest.raises(InputError, match="n_points"):
+        vbsvm.compare(svi, gibbs, n_points=0)
+    # saved GP fits carry no training rows: f is compared at the reference's inducing points
+    svi.save(tmp_path / "svi.nc")
+    gibbs.save(tmp_path / "gibbs.nc")
+    loaded = vbsvm.compare(vbsvm.load(tmp_path / "svi.nc"), vbsvm.load(tmp_path / "gibbs.nc"))
+    tab2 = loaded.table()
+    assert sum(p.startswith("f[z") for p in tab2.index) == 15
+    assert tab2.filter(like="f[z", axis=0)["svi_accuracy"].median() > 70
+    assert "carries no training data" in loaded.to_text()
+    with pytest.raises(InputError, match="predictions\\(data=frame\\)"):
+        loaded.predictions()
+    assert loaded.predictions(df)["agreement"].min() > 0.9

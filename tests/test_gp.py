@@ -7,11 +7,10 @@ import pandas as pd
 import pytest
 from scipy import integrate, stats
 
-from vbsvm.gpfit import GPFit, fit_gp, gpsvm
-from vbsvm.inference.svi import ArrayBatches, StreamBatches, fit_batch, fit_svi
+from vbsvm.gpfit import GPFit, fit_batch, fit_gp, gibbs_sparse, gpsvm
+from vbsvm.inference.svi import ArrayBatches, StreamBatches, fit_svi
 from vbsvm.models.gp import (RBF, Constant, InducingGP, Linear, Matern32, Matern52, Sum,
-                             WhitenedGaussian, gibbs_sparse, make_kernel, predictive_prob,
-                             select_inducing)
+                             WhitenedGaussian, make_kernel, predictive_prob, select_inducing)
 
 try:
     from threadpoolctl import threadpool_limits
@@ -117,7 +116,7 @@ def test_batch_vb_elbo_non_decreasing(optimize):
     b = InducingGP(make_kernel("rbf", 2, lengthscale=0.5, variance=0.5), X)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        st = fit_batch(b, X, y, max_iter=30, tol=1e-12, optimize=optimize, hyper_every=3)
+        st = fit_batch(b, X, y, max_iter=30, tol=1e-12, optimize=optimize)
     d = np.diff(st.elbo)
     assert np.all(d >= -1e-8 * np.abs(st.elbo[1:])), d.min()
     if optimize:  # the hyperparameters moved and the ELBO gained from it
@@ -296,3 +295,81 @@ def test_formula_streaming_of_dataframe_chunks():
                   lengthscale=1.0)
     assert f.n_obs == 1200
     assert np.mean(f.predict(df) == df["cls"]) > 0.85
+
+
+def test_gibbs_runs_through_run_chains_with_n_jobs_and_diagnostics():
+    df = _frame(60, seed=5)
+    kw = dict(method="gibbs", n_inducing=8, draws=60, tune=20, chains=2, thin=2, optimize=False,
+              seed=4)
+    one = gpsvm("cls ~ a + b", df, **kw)
+    two = gpsvm("cls ~ a + b", df, n_jobs=2, **kw)
+    np.testing.assert_array_equal(one.gibbs_draws, two.gibbs_draws)  # seeds per chain, not per job
+    assert one.gibbs_draws.shape == (2, 60, 8)
+    assert not np.allclose(one.gibbs_draws[0], one.gibbs_draws[1])  # independent chains
+    diag = one.diagnostics()
+    assert list(diag.index[:2]) == ["u[0]", "u[1]"] and len(diag) == 8
+    assert {"r_hat", "ess_bulk", "ess_tail"} <= set(diag.columns) and diag["r_hat"].notna().all()
+    text = one.summary().as_text()
+    assert "max R-hat" in text and "min bulk ESS" in text and "tune 20, thin 2" in text
+    assert gpsvm("cls ~ a + b", df, n_inducing=8, optimize=False).diagnostics() is None
+    from vbsvm.exceptions import InputError
+
+    with pytest.raises(InputError, match="n_jobs"):
+        gpsvm("cls ~ a + b", df, n_jobs=0, **kw)
+
+
+def test_batch_vb_refuses_sizes_it_cannot_fit_and_points_to_svi():
+    from vbsvm.exceptions import InputError
+    from vbsvm.gpfit import VB_MAX_INDUCING, VB_MAX_INDUCING_LEARN
+
+    def data(n):
+        X = np.linspace(-1, 1, n)[:, None]
+        return X, np.where(X[:, 0] > 0, 1.0, -1.0)
+
+    X, y = data(VB_MAX_INDUCING + 1)
+    with pytest.raises(InputError, match="method='svi'.*optimize=False"):
+        fit_gp(X, y, method="vb")  # the full GP, learning hyperparameters
+    with pytest.raises(InputError, match="limited to 2000: .*method='svi'"):
+        fit_gp(X, y, method="vb", optimize=False)
+    with pytest.raises(InputError, match="runs batch VB with 600 inducing points"):
+        fit_gp(X, y, method="gibbs", n_inducing=600)  # its hyperparameters come from batch VB
+    fit = fit_gp(X, y, method="vb", n_inducing=10, optimize=False)  # sparse batch VB is fine
+    assert fit.n_inducing == 10 and fit.converged
+    X, y = data(VB_MAX_INDUCING_LEARN + 1)
+    with pytest.raises(InputError, match="n_inducing <= 500"):
+        fit_gp(X, y, method="vb")
+    assert fit_gp(X, y, method="vb", optimize=False).n_inducing == X.shape[0]
+
+
+def test_batch_vb_learning_hyperparameters_converges_in_tens_of_sweeps():
+    X, y = _toy(150, seed=3)
+    b = InducingGP(make_kernel("rbf", 2), X)
+    st = fit_batch(b, X, y, optimize=True, tol=1e-5, max_iter=200)
+    assert st.converged and st.n_iter < 120, st.n_iter
+    assert np.all(np.diff(st.elbo) >= -1e-8 * np.abs(st.elbo[1:]))
+    fixed = fit_batch(InducingGP(make_kernel("rbf", 2), X), X, y, tol=1e-8)
+    assert fixed.converged and fixed.n_iter < 60, fixed.n_iter
+    assert st.elbo[-1] > fixed.elbo[-1]  # learning the hyperparameters paid
+
+
+def test_engines_import_no_model_and_the_gp_model_no_engine():
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "vbsvm"
+
+    def imports(path):
+        out = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                out.add(("." * node.level) + (node.module or ""))
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names)
+        return out
+
+    for path in (root / "inference").glob("*.py"):
+        bad = [m for m in imports(path) if "models" in m or m.endswith(("results", "gpfit"))]
+        assert not bad, (path.name, bad)
+    bad = [m for m in imports(root / "models" / "gp.py")
+           if "inference" in m or m.endswith(("results", "gpfit"))]
+    assert not bad, bad

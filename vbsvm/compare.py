@@ -25,11 +25,19 @@ r"""Compare fits of the same model: variational Bayes against MCMC (or any fits 
   side-by-side inclusion bar chart.
 
 The reference is the first Gibbs fit (else the first fit) unless ``reference=`` says otherwise.
+
+GP fits (:func:`vbsvm.gpsvm`, any method) have no coefficients: their table compares the
+predictive distribution of the latent score, ``f[<row>]``, at ``n_points`` rows of the reference
+fit's training data (closed-form Gaussian q(f) for VB/SVI, draws for Gibbs) and lists the kernel
+hyperparameters both fits have (point estimates, so no accuracy).
+
+Draws of a requested (chain, draw) shape come from a new object (:func:`_with_draw_shape`), never
+from a shallow copy of the fit, so no cache is shared between a fit and its redrawn version.
 """
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -216,13 +224,69 @@ def _is_linear_vb(fit) -> bool:
             and (getattr(fit, "settings", {}) or {}).get("prior") is None)
 
 
+def _with_draw_shape(fit, shape):
+    """``fit`` with its iid draws from q in the shape ``(chains, draws)``.
+
+    Only fits whose draws come from a variational q (``method`` ``"vb"`` or ``"svi"``) are
+    redrawn; sampler draws stay as they are.  The result is a new object that shares no cache
+    with ``fit`` (``fit`` itself is never changed): the fit's own ``with_draw_shape(chains,
+    draws)`` when it has one, else a fresh dataclass instance built from the fit's saved
+    posterior with the new shape in its settings.
+    """
+    if shape is None or getattr(fit, "method", None) not in ("vb", "svi"):
+        return fit
+    chains, draws = int(shape[0]), int(shape[1])
+    if hasattr(fit, "with_draw_shape"):
+        return fit.with_draw_shape(chains, draws)
+    if dataclasses.is_dataclass(fit) and isinstance(getattr(fit, "settings", None), dict):
+        return dataclasses.replace(fit, settings={**fit.settings, "chains": chains, "draws": draws})
+    return fit
+
+
 def _posterior(fit, shape=None):
     """The ``posterior`` group of ``fit.to_arviz()``; VB draws redrawn with ``shape`` if given."""
-    if shape is not None and getattr(fit, "method", None) == "vb" and hasattr(fit, "settings"):
-        clone = copy.copy(fit)
-        clone.settings = {**fit.settings, "chains": int(shape[0]), "draws": int(shape[1])}
-        fit = clone
-    return fit.to_arviz()["posterior"].to_dataset()
+    return _with_draw_shape(fit, shape).to_arviz()["posterior"].to_dataset()
+
+
+def _is_gp(fit) -> bool:
+    """A sparse-GP fit (:class:`vbsvm.GPFit`): compared by f at common points and its kernel
+    hyperparameters."""
+    return hasattr(fit, "predict_f") and hasattr(fit, "hyperparameters")
+
+
+def _training_rows(fit):
+    """The fit's training data as a DataFrame, or None when it does not carry it (array fits,
+    GP fits loaded from a file)."""
+    raw = getattr(getattr(fit, "design", None), "raw", None)
+    return raw if raw is not None and len(raw) > 0 else None
+
+
+def _gp_points(fit, n_points):
+    """Up to ``n_points`` rows of ``fit``'s training data, evenly spaced (its inducing
+    locations, standardized, when it carries no data), and their labels ``f[<row>]``."""
+    raw = _training_rows(fit)
+    rows = raw if raw is not None else np.asarray(fit.inducing_points)
+    idx = np.unique(np.linspace(0, len(rows) - 1, min(n_points, len(rows))).round().astype(int))
+    if raw is not None:
+        return raw.iloc[idx], [f"f[{lab}]" for lab in raw.index[idx]]
+    return rows[idx], [f"f[z{i}]" for i in idx]
+
+
+def _gp_marginals(fit, points, labels) -> dict:
+    """``{f[row]: marginal of f, hyperparameter: its value}`` of a GP fit: q(f) in closed form
+    (VB/SVI) or the draws of f (Gibbs); hyperparameters are point estimates."""
+    out = {}
+    if getattr(fit, "gibbs_draws", None) is None:
+        mean, var = fit.predict_f(points)
+        for lab, m_, v_ in zip(labels, mean, np.sqrt(var)):
+            out[lab] = _Marginal(float(m_), float(v_), dist=stats.norm(m_, v_))
+    else:
+        F = fit.f_draws(points).reshape(-1, len(labels))
+        for k, lab in enumerate(labels):
+            out[lab] = _Marginal(float(F[:, k].mean()), float(F[:, k].std(ddof=1)), draws=F[:, k])
+    for name, value in fit.hyperparameters["value"].items():
+        out[name] = _Marginal(float(value), float("nan"))
+    return out
 
 
 def _wanted(var: str, ranef: bool) -> bool:
@@ -296,9 +360,10 @@ class Comparison:
         Name of the reference fit (the "exact" one, usually Gibbs).
     """
 
-    def __init__(self, fits: dict, reference: str):
+    def __init__(self, fits: dict, reference: str, n_points: int = 30):
         self.fits = fits
         self.reference = reference
+        self.n_points = n_points
         self._cache = {}
 
     def __repr__(self):
@@ -315,6 +380,11 @@ class Comparison:
         key = ("marg", name, ranef)
         if key not in self._cache:
             fit = self.fits[name]
+            if _is_gp(fit):
+                if "points" not in self._cache:
+                    self._cache["points"] = _gp_points(self.fits[self.reference], self.n_points)
+                self._cache[key] = _gp_marginals(fit, *self._cache["points"])
+                return self._cache[key]
             shape = None
             if getattr(fit, "method", None) == "vb" and not _is_linear_vb(fit):
                 ref = self._ref_shape()
@@ -418,7 +488,11 @@ class Comparison:
         cache = data is None
         ref_fit = self.fits[self.reference]
         if data is None:
-            data = ref_fit.design.raw
+            data = _training_rows(ref_fit)
+            if data is None:
+                raise InputError(
+                    f"the reference fit {self.reference!r} carries no training data (e.g. a GP fit "
+                    "loaded from a file); pass the rows to predict: predictions(data=frame).")
         design = getattr(ref_fit, "design", None)
         response = getattr(design, "response", None)
         obs = None
@@ -457,12 +531,7 @@ class Comparison:
         shape = (ref_post.sizes["chain"], ref_post.sizes["draw"])
         trees = {}
         for name, fit in self.fits.items():
-            if getattr(fit, "method", None) == "vb" and hasattr(fit, "settings"):
-                clone = copy.copy(fit)
-                clone.settings = {**fit.settings, "chains": shape[0], "draws": shape[1]}
-                tree = clone.to_arviz()
-            else:
-                tree = fit.to_arviz()
+            tree = _with_draw_shape(fit, shape).to_arviz()
             post = tree["posterior"]
             got = (post.sizes.get("chain"), post.sizes.get("draw"))
             if got != shape:
@@ -517,6 +586,10 @@ class Comparison:
             raise InputError(f"kind must be one of {PLOT_KINDS}; got {kind!r}.")
         if kind == "inclusion":
             return self._plot_inclusion(**kwargs)
+        if any(_is_gp(f) for f in self.fits.values()):
+            raise InputError(
+                f"kind={kind!r} plots the coefficients of linear fits and GP fits have none; use "
+                "table() (f at common points and the kernel hyperparameters) or predictions().")
         import arviz_plots as azp
 
         trees = self._trees()
@@ -577,12 +650,13 @@ class Comparison:
     def to_text(self, *, ranef: bool = False, lr: bool = True, digits: int = 4) -> str:
         """The comparison table, the prediction agreement and notes, as plain text."""
         tab = self.table(ranef=ranef, lr=lr)
-        pred = self.predictions()
+        has_rows = _training_rows(self.fits[self.reference]) is not None
         lines = [f"Comparison of {', '.join(self.fits)} (reference: {self.reference})", ""]
         with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
             lines.append(tab.to_string(float_format=lambda v: f"{v:.{digits}g}"))
             lines += ["", "Predictions on the reference fit's training data:",
-                      pred.to_string(float_format=lambda v: f"{v:.{digits}g}")]
+                      self.predictions().to_string(float_format=lambda v: f"{v:.{digits}g}")
+                      if has_rows else "(not available: the reference fit carries no training data)"]
         notes = ["", "diff_sd = (mean - reference mean) / reference sd; sd_ratio = sd / reference sd;",
                  "accuracy = 100 (1 - 0.5 * integral |q - p_ref|) %, reference density by KDE when it is a sample."]
         if any(c.endswith("_sd_lr") for c in tab.columns):
@@ -593,7 +667,7 @@ class Comparison:
         return self.to_text()
 
 
-def compare(*fits, names=None, reference=None) -> Comparison:
+def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
     """Compare fits of the same model, e.g. VB against Gibbs.
 
     Parameters
@@ -607,6 +681,10 @@ def compare(*fits, names=None, reference=None) -> Comparison:
     reference : str or int, optional
         The fit the others are measured against (name or position); default the first Gibbs
         fit, else the first fit.
+    n_points : int
+        GP fits (:func:`vbsvm.gpsvm`): the latent score f is compared at this many rows of the
+        reference fit's training data (evenly spaced; its inducing locations for array fits),
+        next to the kernel hyperparameters.
 
     Returns
     -------
@@ -659,4 +737,6 @@ def compare(*fits, names=None, reference=None) -> Comparison:
         idx = names.index(reference)
     else:
         raise InputError(f"reference must be one of the names {names} or a position; got {reference!r}.")
-    return Comparison(dict(zip(names, fits)), names[idx])
+    if isinstance(n_points, bool) or not isinstance(n_points, (int, np.integer)) or n_points < 1:
+        raise InputError(f"n_points must be a positive integer, e.g. n_points=30; got {n_points!r}.")
+    return Comparison(dict(zip(names, fits)), names[idx], int(n_points))

@@ -2,9 +2,12 @@
 
 ``gpsvm("y ~ .", data=df, kernel="rbf", n_inducing=64, batch_size=100, method="svi")``
 
-The model and its algebra are written out in :mod:`vbsvm.models.gp`; the engines are in
-:mod:`vbsvm.inference.svi` (batch coordinate ascent and SVI) and
-:func:`vbsvm.models.gp.gibbs_sparse`.
+The model and its algebra are written out in :mod:`vbsvm.models.gp`
+(:class:`~vbsvm.models.gp.SparseGPSVM` supplies the updates, ELBO and full conditionals); the
+engines drive it: batch VB by :func:`vbsvm.inference.vb.coordinate_ascent` (:func:`fit_batch`),
+Gibbs sampling by :func:`vbsvm.inference.gibbs.run_chains` (:func:`gibbs_sparse`: chains seeded by
+``SeedSequence``, ``n_jobs``, tune/thin; R-hat and ESS in the summary), SVI by
+:func:`vbsvm.inference.svi.fit_svi`.  This module is the only one that imports both.
 
 Intercept: the formula's intercept column is dropped from X (the GP has no linear part); when
 the formula has an intercept (the default) the kernel gets a :class:`~vbsvm.models.gp.Constant`
@@ -15,22 +18,32 @@ hyperparameters when ``optimize=True``.  ``y ~ . - 1`` (or ``bias=False``) remov
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pandas as pd
-
-from vbsvm.inference.svi import (ArrayBatches, FitState, StreamBatches, fit_batch, fit_svi)
-from vbsvm.models.gp import (InducingGP, Kernel, WhitenedGaussian, gibbs_sparse, kernel_from_dict,
-                             make_kernel, predictive_prob, select_inducing)
+from scipy.linalg import cho_factor, cho_solve
 
 from vbsvm.design import design_from_text, design_to_text
 from vbsvm.exceptions import InputError
+from vbsvm.inference.gibbs import run_chains
+from vbsvm.inference.svi import ArrayBatches, FitState, StreamBatches, fit_svi
 from vbsvm.inference.threads import limit_blas
+from vbsvm.inference.vb import coordinate_ascent
+from vbsvm.models.gp import (InducingGP, Kernel, SparseGPSVM, WhitenedGaussian, kernel_from_dict,
+                             make_kernel, predictive_prob, sample_rows, select_inducing)
 
-__all__ = ["gpsvm", "fit_gp", "GPFit"]
+__all__ = ["gpsvm", "fit_gp", "fit_batch", "gibbs_sparse", "GPFit"]
 
 _METHODS = ("svi", "vb", "gibbs")
+
+#: largest number of inducing points of batch VB (m = n for the full GP): a sweep costs
+#: O(n m^2 + m^3) and holds (n, m) and (m, m) matrices.  Measured (benchmarks/gp_batch_vb.py, size
+#: part, 1 BLAS thread on a busy 2-core machine): fixed hyperparameters 16 sweeps, 3 s at
+#: n = m = 1000 and 24 s at 2000; learning them (each sweep also evaluates the collapsed ELBO and
+#: its gradient ~3 times) 5 s at 250 and 39 s at 500.
+VB_MAX_INDUCING = 2000
+#: the same limit when batch VB learns the hyperparameters (optimize=True)
+VB_MAX_INDUCING_LEARN = 500
 
 
 def _check_positive_int(value, name, allow_none=False):
@@ -42,13 +55,72 @@ def _check_positive_int(value, name, allow_none=False):
 
 
 # ---------------------------------------------------------------------------------------------
+# Engines on the GP model
+# ---------------------------------------------------------------------------------------------
+def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
+              optimize_inducing=False, hyper_mask=None, hyper_maxiter=2,
+              accelerate=True) -> FitState:
+    """Batch VB of the sparse-GP SVM: :func:`vbsvm.inference.vb.coordinate_ascent` (SQUAREM
+    accelerated, ELBO never decreasing) on :class:`vbsvm.models.gp.SparseGPSVM`.
+
+    Parameters
+    ----------
+    blocks : InducingGP
+        Kernel and inducing locations; left at the learned hyperparameters.
+    X, y : ndarray
+        Standardized predictors (n, d) and labels in {-1, +1}.
+    max_iter : int
+        Maximum number of sweeps.
+    tol : float
+        Relative ELBO change between accepted iterates that stops the iterations.
+    optimize, optimize_inducing, hyper_mask, hyper_maxiter
+        Hyperparameter learning (see :class:`~vbsvm.models.gp.SparseGPSVM`).
+    accelerate : bool
+        SQUAREM extrapolation (False: plain coordinate ascent).
+
+    Returns
+    -------
+    FitState
+    """
+    theta0 = blocks.kernel.theta
+    model = SparseGPSVM(blocks, X, y, optimize=optimize, optimize_inducing=optimize_inducing,
+                        hyper_mask=hyper_mask, hyper_maxiter=hyper_maxiter)
+    res = coordinate_ascent(model, tol=tol, max_iter=max_iter, accelerate=accelerate)
+    model.vb_finish(res.state)
+    return FitState(q=res.q, blocks=blocks, elbo=res.elbo, elbo_iter=np.arange(res.elbo.size),
+                    theta_trace=np.vstack([theta0, blocks.kernel.theta]), n_iter=res.n_sweeps,
+                    converged=res.converged, seconds=res.seconds, method="vb")
+
+
+def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, thin=1, seed=None,
+                 progress=False, n_jobs=1):
+    """Gibbs sampling of the sparse-GP SVM (bound model) with
+    :func:`vbsvm.inference.gibbs.run_chains` on :class:`vbsvm.models.gp.SparseGPSVM`.
+
+    Chain seeds are spawned from ``numpy.random.SeedSequence(seed)``; results do not depend on
+    ``n_jobs``.
+
+    Returns
+    -------
+    v : ndarray (chains, draws, m)
+        Whitened inducing values (u = L v).
+    result : vbsvm.inference.gibbs.GibbsResult
+        Timing and settings of the run.
+    """
+    model = SparseGPSVM(blocks, X, y)
+    res = run_chains(model, draws=draws, tune=tune, chains=chains, thin=thin, seed=seed,
+                     record=("v",), progress=progress, n_jobs=n_jobs)
+    return res.draws["v"], res
+
+
+# ---------------------------------------------------------------------------------------------
 # Array-level fit
 # ---------------------------------------------------------------------------------------------
 def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
            method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
            bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
            jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-           n_obs=None, feature_names=None, monitor_size=2000, learn=None, _design=None,
+           n_obs=None, feature_names=None, monitor_size=2000, learn=None, n_jobs=1, _design=None,
            _formula=None):
     """Fit the sparse-GP SVM on arrays (or a stream); see :func:`gpsvm` for the arguments.
 
@@ -61,6 +133,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     draws = _check_positive_int(draws, "draws")
     chains = _check_positive_int(chains, "chains")
     thin = _check_positive_int(thin, "thin")
+    n_jobs = _check_positive_int(n_jobs, "n_jobs")
     if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
         raise InputError(f"tune must be a non-negative integer, got {tune!r}")
     rng = np.random.default_rng(seed)
@@ -95,6 +168,18 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     else:
         inducing_eff = inducing
     m = _check_positive_int(64 if n_inducing is None else n_inducing, "n_inducing")
+    full = isinstance(inducing_eff, str) and inducing_eff == "data"
+    limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
+    m_eff = min(n if full else m, n)
+    if (method == "vb" or (method == "gibbs" and optimize)) and m_eff > limit:
+        learn = " when it learns the hyperparameters (optimize=True)" if optimize else ""
+        other = (f", or optimize=False (fixed hyperparameters, up to {VB_MAX_INDUCING})"
+                 if optimize else "")
+        raise InputError(
+            f"method={method!r} runs batch VB with {m_eff} inducing points"
+            f"{' (n_inducing=None: the full GP, every row)' if full else ''}, but batch VB is "
+            f"limited to {limit}{learn}: each sweep costs O(n m^2 + m^3). Use method='svi' "
+            f"(minibatches; 64 inducing points by default), or n_inducing <= {limit}{other}.")
     k = make_kernel(kernel, d, lengthscale=lengthscale, variance=variance, bias=bias,
                     feature_names=feature_names)
     if isinstance(inducing_eff, str):
@@ -116,7 +201,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     with limit_blas(float(blocks.m) ** 3):
         if method == "vb":
             st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
-                           tol=tol or (1e-4 if optimize else 1e-8),
+                           tol=tol or (1e-5 if optimize else 1e-8),
                            optimize=optimize, optimize_inducing=optimize_inducing,
                            hyper_mask=mask)
         elif method == "svi":
@@ -125,7 +210,8 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                 mon = (Xk[:monitor_size], yk[:monitor_size])
             else:
                 src = ArrayBatches(X, y, batch_size or 100, rng)
-                mon = src.head(monitor_size)
+                idx = np.sort(sample_rows(rng, n, monitor_size))
+                mon = (X[idx], y[idx])
             st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-3,
                          optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
                          optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask)
@@ -133,29 +219,32 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             st = None
             if optimize:
                 # hyperparameters by VB (the sampler conditions on them), then sample
-                st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-6,
+                st = fit_batch(blocks, X, y, max_iter=max_iter or 500, tol=tol or 1e-5,
                                optimize=True, optimize_inducing=optimize_inducing,
                                hyper_mask=mask)
-            t0 = time.perf_counter()
-            v, lam = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains,
-                                  thin=thin, seed=rng.integers(2**63), progress=progress)
-            secs = time.perf_counter() - t0 + (st.seconds if st else 0.0)
-            # Gaussian summary of the draws (for predict's fast path and to_arviz attrs)
-            flat = v.reshape(-1, blocks.m)
-            cov = np.cov(flat.T) + 1e-10 * np.eye(blocks.m)
-            P = np.linalg.inv(cov)
-            qg = WhitenedGaussian(P, P @ flat.mean(0))
-            st = FitState(q=qg, blocks=blocks, elbo=st.elbo if st else np.zeros(0),
+            v, res = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains, thin=thin,
+                                  seed=rng.integers(2**63), progress=progress, n_jobs=n_jobs)
+            st = FitState(q=_gaussian_of_draws(v), blocks=blocks,
+                          elbo=st.elbo if st else np.zeros(0),
                           elbo_iter=st.elbo_iter if st else np.zeros(0, int),
                           theta_trace=st.theta_trace if st else blocks.kernel.theta[None],
-                          n_iter=chains * (tune + draws * thin), converged=True, seconds=secs,
-                          method="gibbs")
+                          n_iter=chains * (tune + draws * thin), converged=True,
+                          seconds=res.seconds + (st.seconds if st else 0.0), method="gibbs")
             gibbs = v
     return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
                  formula=_formula, gibbs_draws=gibbs, settings=dict(
                      kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
                      batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
-                     draws=draws, tune=tune, chains=chains, thin=thin, streaming=streaming))
+                     draws=draws, tune=tune, chains=chains, thin=thin, n_jobs=n_jobs,
+                     streaming=streaming))
+
+
+def _gaussian_of_draws(v) -> WhitenedGaussian:
+    """Gaussian q(v) with the mean and covariance of Gibbs draws (for to_arviz attrs)."""
+    flat = v.reshape(-1, v.shape[-1])
+    cov = np.cov(flat.T).reshape(v.shape[-1], v.shape[-1]) + 1e-10 * np.eye(v.shape[-1])
+    c = cho_factor(cov, lower=True)
+    return WhitenedGaussian(cho_solve(c, np.eye(v.shape[-1])), cho_solve(c, flat.mean(0)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +254,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
           bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-          n_obs=None, standardize=True, missing="drop", learn=None):
+          n_obs=None, standardize=True, missing="drop", learn=None, n_jobs=1):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
 
     Parameters
@@ -192,8 +281,8 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         Stochastic VI (Algorithm 1), batch VB, or Gibbs sampling of the inducing-point model.
     optimize : bool
         Learn kernel hyperparameters by maximizing the ELBO (Section 4.3): Adam steps alternating
-        with ``hyper_every`` SVI steps, or L-BFGS M-steps in batch VB (for ``"gibbs"``: by batch
-        VB before sampling).
+        with ``hyper_every`` SVI steps, or in every batch-VB sweep two L-BFGS iterations on the
+        ELBO maximized over q(u) (for ``"gibbs"``: by batch VB before sampling).
     optimize_inducing : bool
         Also move the inducing locations.
     lengthscale, variance : float
@@ -201,14 +290,20 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     bias : bool, float or None
         Constant kernel term for the intercept (default: when the formula has an intercept).
     max_iter, tol : int, float
-        Iteration cap and relative-ELBO tolerance (defaults: vb 500 / 1e-8, 1e-4 per E/M cycle with optimize; svi 20000 / 1e-3).
+        Iteration cap and relative-ELBO tolerance (defaults: vb 500 sweeps / 1e-8, 1e-5 with
+        ``optimize``; svi 20000 / 1e-3).  Batch VB refuses more than ``VB_MAX_INDUCING`` (2000)
+        inducing points, or ``VB_MAX_INDUCING_LEARN`` (500) when it learns the hyperparameters
+        (the full GP of n rows has n): use ``"svi"``.
     step : {"adaptive", "robbins-monro"} or float
         SVI step size.
     hyper_every, hyper_lr : int, float
         SVI: variational steps per hyperparameter step, Adam rate (log scale).
     jitter : float
         Relative diagonal jitter of K_mm (raised automatically if needed).
-    draws, tune, chains, thin, progress : Gibbs settings.
+    draws, tune, chains, thin, progress : Gibbs settings (chains seeded from ``seed`` by
+        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept).
+    n_jobs : int
+        Gibbs: worker processes for the chains (results do not depend on it).
     seed : int or None
         Same seed, same fit.
     n_obs : int, optional
@@ -251,7 +346,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
                  bias=bias, max_iter=max_iter, tol=tol, step=step, hyper_every=hyper_every,
                  hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
                  thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
-                 learn=learn, _design=design, _formula=formula)
+                 learn=learn, n_jobs=n_jobs, _design=design, _formula=formula)
     return fit
 
 
@@ -362,6 +457,83 @@ class GPFit:
             return self.blocks.L @ self.gibbs_draws.reshape(-1, self.n_inducing).mean(0)
         return self.blocks.L @ self.q.mean
 
+    # -- draws (pure: the fit is never changed) ----------------------------------------------
+    def _shape(self, chains, draws):
+        return (int(self.settings.get("chains", 4) if chains is None else chains),
+                int(self.settings.get("draws", 1000) if draws is None else draws))
+
+    def draws(self, chains=None, draws=None, seed=0):
+        """Draws of the whitened inducing values v (u = L v).
+
+        Parameters
+        ----------
+        chains, draws : int or None
+            Shape of VB/SVI draws (default ``settings["chains"]``, ``settings["draws"]``, i.e.
+            4 x 1000); Gibbs fits return their chains and ignore them.
+        seed : int
+            VB/SVI: the same seed gives the same draws.
+
+        Returns
+        -------
+        ndarray (chains, draws, m)
+            The fit itself is not changed.
+        """
+        if self.gibbs_draws is not None:
+            return self.gibbs_draws
+        ch, dr = self._shape(chains, draws)
+        return self.q.sample(np.random.default_rng(seed), ch * dr).reshape(ch, dr, -1)
+
+    def f_draws(self, newdata, chains=None, draws=None, seed=0):
+        """Draws of the latent score f at rows of ``newdata``.
+
+        ``f = A v + sqrt(k~) e`` (``e`` standard normal: f given u has variance k~), v from
+        :meth:`draws`.
+
+        Parameters
+        ----------
+        newdata : DataFrame or ndarray
+            Rows (as for :meth:`predict`).
+        chains, draws, seed
+            As for :meth:`draws`.
+
+        Returns
+        -------
+        ndarray (chains, draws, rows)
+            The fit itself is not changed.
+        """
+        X, _ = self._X(newdata)
+        A, kt = self.blocks.project(X)
+        V = self.draws(chains, draws, seed)
+        rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(1)[0])
+        return V @ A.T + np.sqrt(kt) * rng.standard_normal(V.shape[:2] + (kt.size,))
+
+    def with_draw_shape(self, chains, draws):
+        """The same fit with ``(chains, draws)`` as its default VB draw shape (a new object;
+        this one is not changed)."""
+        return GPFit(self._state, self.method, self.n_obs, self.n_features, design=self.design,
+                     formula=self.formula, gibbs_draws=self.gibbs_draws,
+                     settings={**self.settings, "chains": int(chains), "draws": int(draws)})
+
+    def _posterior_dataset(self, V=None):
+        """Dataset with ``u`` (chain, draw, inducing) from the draws ``V`` of v (default
+        :meth:`draws`)."""
+        import xarray as xr
+
+        U = (self.draws() if V is None else V) @ self.blocks.L.T
+        return xr.Dataset({"u": (("chain", "draw", "inducing"), U)},
+                          coords={"chain": np.arange(U.shape[0]), "draw": np.arange(U.shape[1]),
+                                  "inducing": np.arange(self.n_inducing)})
+
+    def diagnostics(self):
+        """Gibbs fits: R-hat (rank-normalized), bulk/tail ESS and MCSE of every inducing value
+        ``u[j]`` (the sampled parameters; the hyperparameters are fixed while sampling), by the
+        code path of the linear Gibbs fits; None for VB/SVI fits."""
+        if self.gibbs_draws is None:
+            return None
+        from vbsvm.results import Fit
+
+        return Fit._compute_diagnostics(self)
+
     # -- predictions -------------------------------------------------------------------------
     def _X(self, newdata):
         if isinstance(newdata, pd.DataFrame) and self.design is not None:
@@ -450,6 +622,16 @@ class GPFit:
         data = [[f"{v:.4g}", f"{st:.4g}"] for v, st in zip(h["value"], h["start"])]
         s.tables.append(SimpleTable(data, headers=["value", "start"], stubs=list(h.index),
                                     title="Kernel hyperparameters"))
+        diag = self.diagnostics()
+        if diag is not None:
+            st = self.settings
+            worst = [f"{diag['r_hat'].max():.3f}", f"{diag['ess_bulk'].min():.0f}",
+                     f"{diag['ess_tail'].min():.0f}"]
+            s.tables.append(SimpleTable(
+                [worst], headers=["max R-hat", "min bulk ESS", "min tail ESS"],
+                stubs=[f"u ({self.n_inducing} values)"],
+                title=(f"Gibbs diagnostics: {st.get('chains')} chains x {st.get('draws')} draws "
+                       f"(tune {st.get('tune')}, thin {st.get('thin')}); fit.diagnostics() per value")))
         if len(el) > 1:
             tail = ", ".join(f"{e:.2f}" for e in el[-5:])
             s.add_extra_txt([f"ELBO trace (last {min(5, len(el))} of {len(el)}): {tail}",
@@ -491,8 +673,9 @@ class GPFit:
         return fig
 
     # -- ArviZ / persistence -----------------------------------------------------------------
-    def to_arviz(self, draws=1000, chains=4, seed=0):
-        """xarray.DataTree in ArviZ 1.x layout.
+    def to_arviz(self, draws=None, chains=None, seed=0):
+        """xarray.DataTree in ArviZ 1.x layout (VB/SVI draw shape: ``chains`` x ``draws``,
+        default from the fit's settings, 4 x 1000).
 
         ``posterior``: ``u`` (chain, draw, inducing) — Gibbs draws, or iid draws from q(u) for VB
         (q's mean and covariance in the group's attrs via ``vbsvm_state``); ``sample_stats``: the
@@ -501,20 +684,13 @@ class GPFit:
         import xarray as xr
 
         L = self.blocks.L
-        if self.gibbs_draws is not None:
-            V = self.gibbs_draws
-        else:
-            rng = np.random.default_rng(seed)
-            V = self.q.sample(rng, chains * draws).reshape(chains, draws, -1)
-        U = V @ L.T
-        ch, dr = U.shape[:2]
-        coords = {"chain": np.arange(ch), "draw": np.arange(dr), "inducing": np.arange(self.n_inducing)}
-        post = xr.Dataset({"u": (("chain", "draw", "inducing"), U)}, coords=coords,
-                          attrs={"inference": self.method,
-                                 "q_u_mean": (L @ self.q.mean).tolist() if self.gibbs_draws is None else [],
-                                 "note": "u = f(Z) at the inducing locations; VB: iid draws from q(u)"})
+        V = self.draws(chains, draws, seed)
+        post = self._posterior_dataset(V)
+        post.attrs.update({"inference": self.method,
+                           "q_u_mean": (L @ self.q.mean).tolist() if self.gibbs_draws is None else [],
+                           "note": "u = f(Z) at the inducing locations; VB: iid draws from q(u)"})
         ss = xr.Dataset({"lp_proxy": (("chain", "draw"), -0.5 * np.sum(V ** 2, axis=-1))},
-                        coords={"chain": coords["chain"], "draw": coords["draw"]})
+                        coords={"chain": post["chain"].values, "draw": post["draw"].values})
         st = self._state
         state = xr.Dataset({
             "Z": (("inducing", "feature"), self.inducing_points),

@@ -1,7 +1,8 @@
 """Vignette: the nonlinear Bayesian SVM on the Rätsch benchmarks (Wenzel et al. 2017, Table 1).
 
 1. A single fit on ``heart`` with the formula interface: summary, predictions (class, probability,
-   score = predictive mean and sd), the ELBO / hyperparameter trace, VB vs Gibbs.
+   score = predictive mean and sd), the ELBO / hyperparameter trace, VB vs Gibbs (also by
+   ``vbsvm.compare``: accuracy of q(f) at training rows).
 2. The Table-1 comparison: reads ``benchmarks/results/raetsch_gp.json`` (written by
    ``benchmarks/raetsch_gp.py``; run it first, or pass ``--run`` to run it here) and prints our
    ``svi`` (fixed hyperparameters), ``svi_opt`` (learned), ``vb`` and SVC+Platt next to the
@@ -25,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import vbsvm  # noqa: E402
 import vbsvm.datasets as D  # noqa: E402
 from vbsvm.gpfit import gpsvm  # noqa: E402
 
@@ -60,6 +62,10 @@ def part1():
           f"max {dist.max():.3f}; sd_VB / sd_Gibbs median {np.median(sv['sd'] / sg['sd']):.2f}")
     pv, pg = vb.predict(test, kind="prob"), gb.predict(test, kind="prob")
     print(f"  max |P_VB - P_Gibbs| = {np.max(np.abs(pv - pg)):.3f}")
+    cmp = vbsvm.compare(vb, gb, n_points=20)  # f at 20 training rows, hyperparameters
+    acc = cmp.table()["vb_accuracy"].dropna()
+    print(f"  vbsvm.compare(vb, gibbs): accuracy of q(f) at {acc.size} training rows: median "
+          f"{acc.median():.1f}%, min {acc.min():.1f}%")
 
 
 def part2():

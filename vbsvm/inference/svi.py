@@ -1,9 +1,18 @@
-"""Engines for the sparse-GP SVM: batch coordinate ascent, stochastic VI (Algorithm 1 of
-Wenzel et al. 2017), step-size schedules, minibatch sources and hyperparameter steps.
+"""Stochastic VI for the sparse-GP SVM (Algorithm 1 of Wenzel et al. 2017): the natural-gradient
+loop, step-size schedules, minibatch sources and Adam steps on the hyperparameters.
 
-Batch VB *is* the natural-gradient update with step 1 on the full data: for the conjugate
-blocks of :mod:`vbsvm.models.gp` the natural gradient is ``eta_hat - eta`` and a unit step lands
-on the coordinate-ascent optimum.  SVI takes the same step on a minibatch (scaled by
+The engine owns the loop; the model object it is given (``blocks``, an
+:class:`vbsvm.models.gp.InducingGP` or anything with the same methods) supplies the pieces:
+``project(X) -> (A, kt)``, the local update ``local(A, kt, y, q) -> (alpha, fbar)``, the global
+target ``target(A, y, alpha, scale) -> (precision, shift)``, ``gaussian(precision, shift)`` and
+``prior_q()`` for q(v), the ELBO pieces ``data_elbo``, ``elbo`` and ``q.kl_to_std()``, and for
+hyperparameter learning ``hyper_grad``, ``kernel.theta``, ``Z``, ``L``, ``refresh()`` and
+``rewhiten(q, L_old)``.  This module imports no model.
+
+Batch VB *is* the natural-gradient update with step 1 on the full data (for conjugate blocks the
+natural gradient is ``eta_hat - eta`` and a unit step lands on the coordinate-ascent optimum);
+it runs on :func:`vbsvm.inference.vb.coordinate_ascent` with
+:class:`vbsvm.models.gp.SparseGPSVM`.  SVI takes the same step on a minibatch (scaled by
 ``n / batch``) with a step size ``rho_t`` in (0, 1]:
 
 * ``step="adaptive"`` (default): the adaptive learning rate of Ranganath et al. (2013), which the
@@ -32,10 +41,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vbsvm.exceptions import ConvergenceWarning, InputError
-from vbsvm.models.gp import InducingGP, WhitenedGaussian, robust_cholesky
 
 __all__ = ["AdaptiveStep", "RobbinsMonro", "ConstantStep", "make_step", "Adam",
-           "ArrayBatches", "StreamBatches", "FitState", "fit_batch", "fit_svi"]
+           "ArrayBatches", "StreamBatches", "FitState", "fit_svi"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,11 +153,6 @@ class ArrayBatches:
             idx = np.sort(self.rng.integers(0, self.n, self.b))
             yield self.X[idx], self.y[idx]
 
-    def head(self, k):
-        from vbsvm.models.gp import sample_rows
-        idx = np.sort(sample_rows(self.rng, self.n, k))
-        return self.X[idx], self.y[idx]
-
 
 class StreamBatches:
     """Minibatches from a re-iterable source of chunks (larger-than-memory data).
@@ -190,8 +193,8 @@ class StreamBatches:
 class FitState:
     """What an engine returns."""
 
-    q: WhitenedGaussian
-    blocks: InducingGP
+    q: object
+    blocks: object
     elbo: np.ndarray
     elbo_iter: np.ndarray
     theta_trace: np.ndarray
@@ -203,132 +206,10 @@ class FitState:
     method: str = "vb"
 
 
-def _q_from_u(blocks: InducingGP, mu, zeta) -> WhitenedGaussian:
-    L = blocks.L
-    Lz, _ = robust_cholesky(zeta, 1e-12)
-    M = _solve_lower(Lz, L)  # Lz^{-1} L
-    P = M.T @ M
-    mv = _solve_lower(L, mu)
-    return WhitenedGaussian(P, P @ mv)
-
-
-def _solve_lower(L, B):
-    from scipy.linalg import solve_triangular
-    return solve_triangular(L, B, lower=True, check_finite=False)
-
-
-def _hyper_mstep(blocks: InducingGP, X, y, q: WhitenedGaussian, maxiter=10, inducing=False,
-                 mask=None):
-    """Maximize the ELBO over log-hyperparameters (and Z) at fixed q(u) with L-BFGS; keep the
-    result only if the ELBO went up.  Returns the q re-expressed in the new whitened frame."""
-    from scipy.optimize import minimize
-
-    mu, zeta = blocks.u_moments(q)
-    theta0 = blocks.kernel.theta
-    Z0 = blocks.Z.copy()
-    k = theta0.size
-
-    def unpack(x):
-        blocks.kernel.theta = np.clip(x[:k], -12, 12)
-        if inducing:
-            blocks.Z = x[k:].reshape(Z0.shape)
-        blocks.refresh()
-
-    def f(x):
-        try:
-            unpack(x)
-            qq = _q_from_u(blocks, mu, zeta)
-            val = blocks.elbo(X, y, qq)
-            g, gZ = blocks.hyper_grad(X, y, qq, inducing=inducing)
-        except (np.linalg.LinAlgError, FloatingPointError, ValueError):
-            return np.inf, np.zeros_like(x)
-        if not np.isfinite(val):
-            return np.inf, np.zeros_like(x)
-        if mask is not None:
-            g = g * mask
-        grad = np.concatenate([g, gZ.ravel()]) if inducing else g
-        return -val, -grad
-
-    x0 = np.concatenate([theta0, Z0.ravel()]) if inducing else theta0
-    f0, _ = f(x0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        res = minimize(f, x0, jac=True, method="L-BFGS-B", options={"maxiter": maxiter})
-    if np.isfinite(res.fun) and res.fun < f0:
-        unpack(res.x)
-    else:
-        unpack(x0)
-    return _q_from_u(blocks, mu, zeta)
-
-
-# ---------------------------------------------------------------------------------------------
-# Batch coordinate ascent (Section 4.1; with Z = X it is the full GP)
-# ---------------------------------------------------------------------------------------------
-def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
-              hyper_every=5, hyper_maxiter=10, optimize_inducing=False, q=None,
-              callback=None, hyper_mask=None) -> FitState:
-    """Coordinate-ascent VB on all data: alternately the optimal q(lambda) and q(v).
-
-    With ``optimize=True`` an L-BFGS M-step maximizes the ELBO over the kernel's
-    log-hyperparameters (and inducing locations) at fixed q(u) after every ``hyper_every`` sweeps,
-    or earlier once the sweeps have converged; it is accepted only if the ELBO increases, so the
-    ELBO trace is non-decreasing (tested).  Convergence: relative ELBO change below ``tol``
-    between sweeps (``optimize=False``) or over a whole sweeps-plus-M-step cycle.
-
-    Returns
-    -------
-    FitState
-    """
-    t0 = time.perf_counter()
-    X = np.asarray(X, float)
-    y = np.asarray(y, float)
-    q = WhitenedGaussian.prior(blocks.m) if q is None else q
-    elbos, thetas = [], [blocks.kernel.theta]
-    converged = False
-    A, kt = blocks.project(X)
-    it = 0
-    since_m = 0
-    last_m = None  # ELBO right after the previous M-step
-    for it in range(1, max_iter + 1):
-        alpha, _ = blocks.local(A, kt, y, q)
-        P, h = blocks.target(A, y, alpha)
-        q = WhitenedGaussian(P, h)
-        c, fbar = blocks.local(A, kt, y, q)
-        elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
-        since_m += 1
-        rel = (abs(elbos[-1] - elbos[-2]) / max(abs(elbos[-1]), 1e-12)
-               if len(elbos) >= 2 else np.inf)
-        if optimize and (since_m >= hyper_every or rel < tol):
-            # M-step after hyper_every sweeps, or earlier when the E-step has converged
-            q = _hyper_mstep(blocks, X, y, q, maxiter=hyper_maxiter, inducing=optimize_inducing,
-                             mask=hyper_mask)
-            A, kt = blocks.project(X)
-            c, fbar = blocks.local(A, kt, y, q)
-            elbos.append(blocks.data_elbo(y, fbar, c) - q.kl_to_std())
-            since_m = 0
-            # converged when a whole E/M cycle changed the ELBO by less than tol
-            if last_m is not None and abs(elbos[-1] - last_m) / max(abs(elbos[-1]), 1e-12) < tol:
-                converged = True
-            last_m = elbos[-1]
-        elif not optimize and rel < tol:
-            converged = True
-        thetas.append(blocks.kernel.theta)
-        if callback is not None:
-            callback(it, q, blocks)
-        if converged:
-            break
-    if not converged:
-        warnings.warn(f"batch VB did not reach tol={tol:g} in max_iter={max_iter} iterations; "
-                      "increase max_iter or tol", ConvergenceWarning, stacklevel=3)
-    return FitState(q=q, blocks=blocks, elbo=np.asarray(elbos), elbo_iter=np.arange(len(elbos)),
-                    theta_trace=np.asarray(thetas), n_iter=it, converged=converged,
-                    seconds=time.perf_counter() - t0, method="vb")
-
-
 # ---------------------------------------------------------------------------------------------
 # Stochastic VI (Algorithm 1)
 # ---------------------------------------------------------------------------------------------
-def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
+def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
             check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.1,
             hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
             q=None, callback=None, hyper_mask=None, average=True,
@@ -337,7 +218,8 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
 
     Parameters
     ----------
-    blocks : InducingGP
+    blocks : vbsvm.models.gp.InducingGP
+        The model (see the module docstring for the methods used).
     source : iterable of (X_batch, y_batch)
         E.g. :class:`ArrayBatches` or :class:`StreamBatches`; infinite.
     n : int
@@ -356,7 +238,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
         Alternate ``hyper_every`` variational steps with one Adam step (rate ``hyper_lr``) on the
         log-hyperparameters (Section 4.3, eq. 12), using the minibatch gradient at fixed q(u).
     hyper_mask : array of 0/1 or None
-        Which log-hyperparameters to learn (others stay fixed); also for :func:`fit_batch`.
+        Which log-hyperparameters to learn (others stay fixed).
     hyper_warmup : int or None
         Variational steps before the first hyper step (default ``check_every``).
     optimize_inducing : bool
@@ -377,7 +259,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
     FitState
     """
     t0 = time.perf_counter()
-    q = WhitenedGaussian.prior(blocks.m) if q is None else q
+    q = blocks.prior_q() if q is None else q
     sched = make_step(step)
     it_src = iter(source)
     b = getattr(source, "b", None)
@@ -414,7 +296,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
         for _ in range(7):
             P = (1.0 - rho) * q.prec + rho * P_hat
             h = (1.0 - rho) * q.shift + rho * h_hat
-            q_new = WhitenedGaussian(P, h)
+            q_new = blocks.gaussian(P, h)
             try:
                 q_new.chol
                 if np.all(np.isfinite(q_new.mean)):
@@ -492,7 +374,7 @@ def fit_svi(blocks: InducingGP, source, n: int, *, max_iter=20000, step="adaptiv
         h_sum = sum(w[1] for w in done_windows)
         k_sum = sum(w[2] for w in done_windows)
         if k_sum > 0:
-            q_avg = WhitenedGaussian(P_sum / k_sum, h_sum / k_sum)
+            q_avg = blocks.gaussian(P_sum / k_sum, h_sum / k_sum)
             try:
                 q_avg.chol
                 q = q_avg

@@ -109,7 +109,7 @@ ALPHA_MIN = 1e-12  # clip of the GIG parameter chi = alpha (E[1/lambda] <= 1e6)
 __all__ = [
     "Kernel", "RBF", "Matern32", "Matern52", "Linear", "Constant", "Sum",
     "make_kernel", "kernel_from_dict", "select_inducing", "robust_cholesky",
-    "InducingGP", "WhitenedGaussian", "gibbs_sparse", "predictive_prob",
+    "InducingGP", "WhitenedGaussian", "SparseGPSVM", "predictive_prob",
 ]
 
 
@@ -626,9 +626,6 @@ class WhitenedGaussian:
     def prior(cls, m):
         return cls(np.eye(m), np.zeros(m))
 
-    def copy(self):
-        return WhitenedGaussian(self.prec.copy(), self.shift.copy())
-
     @property
     def chol(self):
         if self._R is None:
@@ -716,6 +713,16 @@ class InducingGP:
         np.maximum(kt, 0.0, out=kt)
         return A, kt
 
+    # -- q(v) from natural parameters -------------------------------------------------------
+    @staticmethod
+    def gaussian(prec, shift) -> WhitenedGaussian:
+        """q(v) = N(prec^{-1} shift, prec^{-1}) from its natural parameters."""
+        return WhitenedGaussian(prec, shift)
+
+    def prior_q(self) -> WhitenedGaussian:
+        """q(v) equal to the prior N(0, I)."""
+        return WhitenedGaussian.prior(self.m)
+
     # -- VB local step and global target ----------------------------------------------------
     @staticmethod
     def local(A, kt, y, q: WhitenedGaussian):
@@ -745,8 +752,13 @@ class InducingGP:
     def elbo(self, X, y, q: WhitenedGaussian, scale=1.0, alpha=None):
         """ELBO (all constants) of q on data (X, y) scaled by ``scale`` (n / rows given)."""
         A, kt = self.project(X)
+        return self.elbo_projected(A, kt, y, q, scale, alpha)
+
+    def elbo_projected(self, A, kt, y, q: WhitenedGaussian, scale=1.0, alpha=None):
+        """:meth:`elbo` on projected rows ``(A, kt)`` of :meth:`project`; ``alpha=None``: at the
+        optimal q(lambda), else at q(lambda) = GIG(1/2, 1, alpha)."""
         c, fbar = self.local(A, kt, y, q)
-        if alpha is not None:
+        if alpha is not None:  # the unclipped c_i enters the ELBO at a given alpha
             c = (1.0 - y * fbar) ** 2 + q.quad_diag(A) + kt
         return scale * self.data_elbo(y, fbar, c, alpha) - q.kl_to_std()
 
@@ -782,9 +794,11 @@ class InducingGP:
                     + 2 * np.sum(np.log(np.diag(L))) - 2 * np.sum(np.log(np.diag(Lz))))
         return scale * float(np.sum(y * fbar - 1.0 - np.sqrt(c))) - kl
 
-    def hyper_grad(self, X, y, q: WhitenedGaussian, scale=1.0, inducing=False):
+    def hyper_grad(self, X, y, q: WhitenedGaussian, scale=1.0, inducing=False, alpha=None,
+                   projected=None):
         r"""Gradient of the ELBO w.r.t. log-hyperparameters (and Z if ``inducing``) at fixed
-        :math:`q(u) = N(\mu, \zeta)` and the optimal :math:`\alpha` (so :math:`\partial/\partial\alpha = 0`).
+        :math:`q(u) = N(\mu, \zeta)` and either the optimal :math:`\alpha` (``alpha=None``, so
+        :math:`\partial/\partial\alpha = 0`) or the given fixed :math:`\alpha`.
 
         Derived from scratch (the paper's A.3 gives the same structure): with
         :math:`B = K_{mm}^{-1}`, :math:`\kappa = K_{nm}B`, :math:`S = \zeta + \mu\mu^\top`,
@@ -796,7 +810,26 @@ class InducingGP:
                 + \tfrac12(PSB + BSP) - \tfrac12 P] + \tfrac12(BSB - B),\\
             \partial\mathcal L/\partial k_{ii} &= -\tfrac{s}{2} w_i,
 
-        then chained through the kernel's vector-Jacobian products.
+        then chained through the kernel's vector-Jacobian products.  Computed in the whitened
+        frame (:math:`u = Lv`, :math:`A = \kappa L`, :math:`S = L S_v L^\top`,
+        :math:`S_v = E_q[vv^\top]`, :math:`P_v = A^\top W A`), where the two matrices are
+        :math:`s[v m_v^\top - WA(S_v - I)]L^{-1}` and :math:`L^{-\top}\{s[-A^\top v m_v^\top
+        + \tfrac12(P_vS_v + S_vP_v) - \tfrac12P_v] + \tfrac12(S_v - I)\}L^{-1}`: no inverse of
+        :math:`K_{mm}` is formed.
+
+        Parameters
+        ----------
+        X, y : ndarray
+            Rows and labels (a minibatch for SVI).
+        q : WhitenedGaussian
+        scale : float
+            ``n / rows`` for a minibatch.
+        inducing : bool
+            Also return the gradient w.r.t. Z.
+        alpha : ndarray or None
+            Fixed q(lambda) parameters (None: the optimal ones for q).
+        projected : (A, kt) or None
+            :meth:`project` of X, if already computed.
 
         Returns
         -------
@@ -804,24 +837,21 @@ class InducingGP:
         g_Z : ndarray (m, d) or None
         """
         X = np.asarray(X, float)
-        L = self.L
-        mu, zeta = self.u_moments(q)
-        A, kt = self.project(X)
-        c, _ = self.local(A, kt, y, q)
-        w = 1.0 / np.sqrt(c)
+        A, kt = self.project(X) if projected is None else projected
+        if alpha is None:
+            alpha, _ = self.local(A, kt, y, q)
+        w = 1.0 / np.sqrt(alpha)
         v = y * (1.0 + w)
-        kappa = _tri_solve(L, A.T, trans=True).T  # A L^{-1} = K_nm K_mm^{-1}
-        Bmu = _tri_solve(L, q.mean, trans=True)  # L^{-T} m_v = K_mm^{-1} mu
-        S = zeta + np.outer(mu, mu)
-        SB = _tri_solve(L, _tri_solve(L, S.T), trans=True).T  # S K_mm^{-1}
-        Wk = kappa * w[:, None]
-        G_nm = scale * (np.outer(v, Bmu) - Wk @ SB + Wk)
-        P = kappa.T @ Wk
-        PSB = P @ SB
-        Binv_eye = _tri_solve(L, _tri_solve(L, np.eye(self.m)), trans=True)  # K_mm^{-1}
-        BSB = Binv_eye @ S @ Binv_eye
-        G_mm = scale * (-np.outer(kappa.T @ v, Bmu) + 0.5 * (PSB + PSB.T) - 0.5 * P) \
-            + 0.5 * (BSB - Binv_eye)
+        mv = q.mean
+        Ri = q.chol_inv
+        Sv_I = Ri.T @ Ri + np.outer(mv, mv)  # S_v - I
+        Sv_I[np.diag_indices_from(Sv_I)] -= 1.0
+        WA = A * w[:, None]
+        Pv = A.T @ WA
+        G_nm = (scale * (np.outer(v, mv) - WA @ Sv_I)) @ self.Linv
+        PS = Pv @ Sv_I + Pv  # P_v S_v
+        M = scale * (-np.outer(A.T @ v, mv) + 0.5 * (PS + PS.T) - 0.5 * Pv) + 0.5 * Sv_I
+        G_mm = self.Linv.T @ M @ self.Linv
         g_diag = -0.5 * scale * w
         k = self.kernel
         g = (k.grad_theta(X, self.Z, G_nm) + k.grad_theta(self.Z, self.Z, G_mm)
@@ -858,64 +888,166 @@ def predictive_prob(mean, var, normalization: str = "probit"):
 
 
 # ---------------------------------------------------------------------------------------------
-# Gibbs sampler of the inducing-point (bound) model
+# The model on a data set: what the engines drive
 # ---------------------------------------------------------------------------------------------
-def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, thin=1,
-                 seed=None, progress=False, init=None):
-    """Gibbs sampler: lambda_i | v ~ GIG(1/2, 1, c_i(v)), v | lambda Gaussian (whitened u = L v).
+class SparseGPSVM:
+    r"""The sparse-GP SVM bound to a data set: updates, ELBO and full conditionals for the engines.
+
+    Batch VB (:func:`vbsvm.inference.vb.coordinate_ascent`) calls :meth:`vb_initial_state` and
+    :meth:`vb_sweep`; Gibbs sampling (:func:`vbsvm.inference.gibbs.run_chains`) calls
+    :meth:`gibbs_initial_state` and :meth:`gibbs_sweep`.  The model never runs an engine.
+
+    VB state: :math:`x = (\log\alpha, \phi)` with :math:`\phi` the kernel's log-hyperparameters
+    (and the inducing locations) when they are learned, else :math:`x = \log\alpha`.  A sweep is
+
+    1. *global* step given :math:`\alpha`: with ``optimize``, :math:`\phi` maximizes the
+       **collapsed** ELBO :math:`\max_{q(u)} \mathcal L(q(u), \alpha, \phi)` (closed form: the
+       optimal :math:`q(v)` of :meth:`InducingGP.target`; by the envelope theorem its gradient is
+       :meth:`InducingGP.hyper_grad` at that optimum with :math:`\alpha` held fixed), by a few
+       L-BFGS iterations, kept only if the collapsed ELBO went up; then :math:`q(v)` is the
+       optimum given :math:`(\alpha, \phi)`;
+    2. *local* step: :math:`\alpha_i = c_i` (:meth:`InducingGP.local`).
+
+    Each step maximizes the ELBO over its block, so a sweep never lowers it.  Moving
+    :math:`\phi` together with :math:`q(u)` (instead of at fixed :math:`q(u)`, a variational EM)
+    removes the strong coupling between :math:`q(u)` and :math:`K_{mm}` that made the
+    hyperparameters crawl.
+
+    Gibbs state: ``v`` (whitened inducing values, recorded) and ``lam``; a sweep draws
+    :math:`\lambda_i \mid v \sim \mathrm{GIG}(\tfrac12, 1, (1 - y_i a_i v)^2 + \tilde k_i)` and
+    :math:`v \mid \lambda \sim N(P^{-1}h, P^{-1})`, :math:`P = I + A^\top\Lambda^{-1}A`,
+    :math:`h = A^\top Y(1 + \lambda^{-1})` (the bound model of the module docstring, at the
+    current hyperparameters).
 
     Parameters
     ----------
     blocks : InducingGP
-    X, y : arrays
-    draws, tune, chains, thin : int
-    seed : int or None
-        Chain seeds are spawned from ``numpy.random.SeedSequence(seed)``.
-    progress : bool
-        tqdm progress bar.
-    init : ndarray (m,), optional
-        Starting v (default 0).
-
-    Returns
-    -------
-    v_draws : ndarray (chains, draws, m)
-        Whitened inducing values (u = L v).
-    lam_mean : ndarray (chains, n)
-        Posterior means of lambda per chain (for diagnostics).
+    X : ndarray (n, d)
+    y : ndarray (n,) of -1/+1
+    optimize : bool
+        Learn the kernel hyperparameters in the VB sweep.
+    optimize_inducing : bool
+        Also learn the inducing locations (with ``optimize``).
+    hyper_mask : array of 0/1 or None
+        Which log-hyperparameters to learn (the others keep their values).
+    hyper_maxiter : int
+        L-BFGS iterations per sweep.
     """
-    A, kt = blocks.project(X)
-    y = np.asarray(y, float)
-    n, m = A.shape
-    seqs = np.random.SeedSequence(seed).spawn(chains)
-    out = np.empty((chains, draws, m))
-    lam_mean = np.zeros((chains, n))
-    it = range(chains * (tune + draws * thin))
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(it), desc="gibbs", leave=False)
-    for ch in range(chains):
-        rng = np.random.default_rng(seqs[ch])
-        v = np.zeros(m) if init is None else np.array(init, float)
-        k = 0
-        for t in range(tune + draws * thin):
-            f = A @ v
-            c = np.maximum((1.0 - y * f) ** 2 + kt, ALPHA_MIN)
-            lam = sample_gig_half(c, rng)
-            il = 1.0 / lam
-            P = A.T @ (A * il[:, None])
-            P[np.diag_indices_from(P)] += 1.0
-            h = A.T @ (y * (1.0 + il))
-            R, _ = robust_cholesky(P, 1e-10)
-            z = rng.standard_normal(m)
-            v = _tri_solve(R, _tri_solve(R, h) + z, trans=True)
-            if t >= tune and (t - tune) % thin == 0:
-                out[ch, k] = v
-                lam_mean[ch] += lam
-                k += 1
-            if bar is not None:
-                bar.update(1)
-        lam_mean[ch] /= max(draws, 1)
-    if bar is not None:
-        bar.close()
-    return out, lam_mean
+
+    def __init__(self, blocks: InducingGP, X, y, *, optimize=False, optimize_inducing=False,
+                 hyper_mask=None, hyper_maxiter=2):
+        self.blocks = blocks
+        self.X = np.asarray(X, dtype=float)
+        self.y = np.asarray(y, dtype=float)
+        self.optimize = bool(optimize)
+        self.optimize_inducing = bool(optimize and optimize_inducing)
+        self.hyper_mask = None if hyper_mask is None else np.asarray(hyper_mask, dtype=float)
+        self.hyper_maxiter = int(hyper_maxiter)
+        self.A, self.kt = blocks.project(self.X)
+
+    @property
+    def n(self) -> int:
+        return self.y.size
+
+    @property
+    def blas_work(self) -> float:
+        """Flops of the largest product of a sweep (``A^T W A``), for the BLAS thread limit."""
+        return float(self.n) * self.blocks.m ** 2
+
+    # -- hyperparameters as one vector -----------------------------------------------------
+    def hyper(self) -> np.ndarray:
+        """Current learned parameters: log-hyperparameters (and inducing locations)."""
+        th = self.blocks.kernel.theta
+        return np.concatenate([th, self.blocks.Z.ravel()]) if self.optimize_inducing else th
+
+    def set_hyper(self, phi) -> None:
+        """Set the learned parameters (log-hyperparameters clipped to [-12, 12]) and re-project."""
+        b = self.blocks
+        k = b.kernel.n_params
+        b.kernel.theta = np.clip(phi[:k], -12.0, 12.0)
+        if self.optimize_inducing:
+            b.Z = np.asarray(phi[k:], dtype=float).reshape(b.Z.shape)
+        b.refresh()
+        self.A, self.kt = b.project(self.X)
+
+    # -- VB pieces ---------------------------------------------------------------------------
+    def optimal_q(self, alpha) -> WhitenedGaussian:
+        """The optimal q(v) given q(lambda) = GIG(1/2, 1, alpha) at the current hyperparameters."""
+        return WhitenedGaussian(*self.blocks.target(self.A, self.y, alpha))
+
+    def collapsed_elbo(self, phi, alpha):
+        """ELBO maximized over q(u) at fixed alpha, and its gradient in the learned parameters."""
+        self.set_hyper(phi)
+        q = self.optimal_q(alpha)
+        val = self.blocks.elbo_projected(self.A, self.kt, self.y, q, alpha=alpha)
+        g, gZ = self.blocks.hyper_grad(self.X, self.y, q, inducing=self.optimize_inducing,
+                                       alpha=alpha, projected=(self.A, self.kt))
+        if self.hyper_mask is not None:
+            g = g * self.hyper_mask
+        return val, (np.concatenate([g, gZ.ravel()]) if self.optimize_inducing else g)
+
+    def hyper_step(self, alpha) -> None:
+        """A few L-BFGS iterations on :meth:`collapsed_elbo`; kept only if it increased."""
+        from scipy.optimize import minimize
+
+        phi0 = self.hyper()
+        seen = {}
+
+        def neg(phi):
+            key = phi.tobytes()
+            if key not in seen:
+                try:
+                    val, g = self.collapsed_elbo(phi, alpha)
+                except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+                    val, g = -np.inf, np.zeros_like(phi)
+                ok = np.isfinite(val) and np.all(np.isfinite(g))
+                seen[key] = (-val, -g) if ok else (np.inf, np.zeros_like(phi))
+            return seen[key]
+
+        f0, _ = neg(phi0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = minimize(neg, phi0, jac=True, method="L-BFGS-B",
+                           options={"maxiter": self.hyper_maxiter})
+        self.set_hyper(res.x if np.isfinite(res.fun) and res.fun < f0 else phi0)
+
+    def vb_initial_state(self) -> np.ndarray:
+        """State of q(v) = N(0, I): log of its optimal alpha (and the current hyperparameters)."""
+        alpha, _ = self.blocks.local(self.A, self.kt, self.y, self.blocks.prior_q())
+        x = np.log(alpha)
+        return np.concatenate([x, self.hyper()]) if self.optimize else x
+
+    def vb_sweep(self, x):
+        """One sweep from state ``x``: returns ``(x_new, q(v), ELBO)``."""
+        n = self.n
+        alpha = np.exp(np.clip(x[:n], math.log(ALPHA_MIN), 700.0))
+        if self.optimize:
+            self.set_hyper(x[n:])
+            self.hyper_step(alpha)
+        q = self.optimal_q(alpha)
+        c, fbar = self.blocks.local(self.A, self.kt, self.y, q)
+        value = self.blocks.data_elbo(self.y, fbar, c) - q.kl_to_std()
+        x_new = np.log(c)
+        return (np.concatenate([x_new, self.hyper()]) if self.optimize else x_new), q, value
+
+    def vb_finish(self, x) -> None:
+        """Leave the blocks at the hyperparameters of the accepted state ``x``."""
+        if self.optimize:
+            self.set_hyper(x[self.n:])
+
+    # -- Gibbs pieces ------------------------------------------------------------------------
+    def gibbs_initial_state(self, rng) -> dict:
+        """Start every chain at v = 0 (the prior mean)."""
+        return {"v": np.zeros(self.blocks.m)}
+
+    def gibbs_sweep(self, state, rng) -> dict:
+        """Draw lambda | v, then v | lambda (see the class docstring); returns the new state."""
+        A, y = self.A, self.y
+        c = np.maximum((1.0 - y * (A @ state["v"])) ** 2 + self.kt, ALPHA_MIN)
+        il = 1.0 / sample_gig_half(c, rng)
+        P = A.T @ (A * il[:, None])
+        P[np.diag_indices_from(P)] += 1.0
+        h = A.T @ (y * (1.0 + il))
+        R, _ = robust_cholesky(P, 1e-10)
+        z = rng.standard_normal(self.blocks.m)
+        return {"v": _tri_solve(R, _tri_solve(R, h) + z, trans=True)}
