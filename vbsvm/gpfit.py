@@ -530,9 +530,9 @@ class GPFit:
         code path of the linear Gibbs fits; None for VB/SVI fits."""
         if self.gibbs_draws is None:
             return None
-        from vbsvm.results import Fit
+        from vbsvm.results import diagnostics_table
 
-        return Fit._compute_diagnostics(self)
+        return diagnostics_table(self._posterior_dataset())
 
     # -- predictions -------------------------------------------------------------------------
     def _X(self, newdata):

@@ -265,26 +265,7 @@ class Fit:
         return self._cache["diagnostics"].copy()
 
     def _compute_diagnostics(self) -> pd.DataFrame:
-        from arviz_stats import ess, mcse, rhat
-
-        post = self._posterior_dataset()
-        cols = {}
-        for label, value in (("r_hat", rhat(post)), ("ess_bulk", ess(post, method="bulk")),
-                             ("ess_tail", ess(post, method="tail")), ("mcse_mean", mcse(post))):
-            flat = []
-            for var in post.data_vars:
-                flat.extend(np.ravel(value[var].values).tolist())
-            cols[label] = flat
-        names = []
-        for var in post.data_vars:
-            da = post[var]
-            extra = [d for d in da.dims if d not in ("chain", "draw")]
-            if extra:
-                names.extend(f"{var}[{','.join(map(str, c))}]"
-                             for c in itertools.product(*(da[d].values for d in extra)))
-            else:
-                names.append(var)
-        return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
+        return diagnostics_table(self._posterior_dataset())
 
     def _warn_diagnostics(self):
         diag = self.diagnostics()
@@ -563,6 +544,27 @@ class Fit:
                               missing=settings["missing"])
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+def diagnostics_table(post: xr.Dataset) -> pd.DataFrame:
+    """R-hat (rank-normalized), bulk/tail ESS and MCSE of every scalar of a posterior dataset with
+    dims ``(chain, draw, ...)``; rows ``var`` or ``var[coord,...]``."""
+    from arviz_stats import ess, mcse, rhat
+
+    cols = {}
+    for label, value in (("r_hat", rhat(post)), ("ess_bulk", ess(post, method="bulk")),
+                         ("ess_tail", ess(post, method="tail")), ("mcse_mean", mcse(post))):
+        cols[label] = [x for var in post.data_vars for x in np.ravel(value[var].values).tolist()]
+    names = []
+    for var in post.data_vars:
+        da = post[var]
+        extra = [d for d in da.dims if d not in ("chain", "draw")]
+        if extra:
+            names.extend(f"{var}[{','.join(map(str, c))}]"
+                         for c in itertools.product(*(da[d].values for d in extra)))
+        else:
+            names.append(var)
+    return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
 
 
 def _draw_summary(d, lo_q, hi_q, mode_only=False):
