@@ -358,7 +358,7 @@ def compare_one(problem: Problem, *, chains, draws, tune, nuts_draws, nuts_tune,
     df = problem.load()
     design = build_design(problem.formula, df)
     load_before = load_average()
-    fit, g_tab, g_sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed)
+    _, g_tab, g_sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed)
     n_tab, n_sec, extra = run_nuts(problem, design, chains=chains, draws=nuts_draws, tune=nuts_tune, seed=seed)
     agree = agreement(g_tab, n_tab)
     gibbs, nuts = worst(g_tab, g_sec), worst(n_tab, n_sec)
@@ -380,11 +380,11 @@ def defaults_one(problem: Problem, *, chains, draws, tune, seed) -> dict:
     df = problem.load()
     load_before = load_average()
     fit, tab, sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed)
+    summary = worst(tab, sec)
     return {"name": problem.name, "formula": problem.formula, "penalty": problem.penalty,
             "prior": None if problem.prior is None else repr(problem.prior()),
-            "n": fit.design.n, "p": fit.design.p, **worst(tab, sec), "chains": chains, "draws": draws,
-            "tune": tune, "pass": bool(tab.loc[[i for i in tab.index if is_summary_parameter(i)], "r_hat"].max() <= 1.01
-                                       and tab.loc[[i for i in tab.index if is_summary_parameter(i)], "ess_bulk"].min() >= 400),
+            "n": fit.design.n, "p": fit.design.p, **summary, "chains": chains, "draws": draws, "tune": tune,
+            "pass": summary["max_rhat"] <= 1.01 and summary["min_ess_bulk"] >= 400,
             "load_average": [load_before, load_average()], "measured_at": _now()}
 
 
