@@ -6,7 +6,11 @@ Two tables.
 wall time over the summary parameters (fixed effects ``beta[...]`` and variance components
 ``sigma2_*``) for
 
-* ``toenail``: ``y ~ time * terbinafine + (1 | patient_id)``, ``penalty=None``;
+* ``toenail``: ``y ~ time * terbinafine + (1 | patient_id)``, ``penalty=None``; NUTS with non-centred
+  random intercepts (``toenail``) and with centred ones (``toenail_centred``): with non-centred
+  intercepts 2 of 4 NUTS chains stay at ``sigma2_patient_id ~ 1e-3``, about 1000 nats of potential
+  energy above the others (the JSON keeps each chain's variance mean), so that row measures a failure,
+  and the centred row is the fair comparison;
 * ``heart``, ``diabetis`` (Raetsch benchmarks), ``breast_cancer`` (scikit-learn's 569 x 30) and
   ``spam`` (``type ~ .``): ``penalty="auto"``;
 * ``sim500x50``: the Section 4.2 simulation ``simulate_luts(500, 50, seed=1)``, ``penalty="auto"``.
@@ -19,7 +23,7 @@ on the standardized design the package builds (:func:`vbsvm.design.build_design`
 priors: unpenalized columns (the intercept; every column with ``penalty=None``) ``N(0, sigma2_beta = 1e8)``;
 with ``penalty="auto"`` the other columns ``N(0, sigma2_u)``, ``sigma2_u ~ IG(0.01, 0.01)``; each
 ``(1 | g)`` term ``u_l ~ N(0, sigma2_g)``, ``sigma2_g ~ IG(0.01, 0.01)``. As a careful NUTS user would
-write it: penalized coefficients and random intercepts non-centred (``beta_j = sqrt(sigma2_u) z_j``,
+write it: penalized coefficients and (except ``toenail_centred``) random intercepts non-centred (``beta_j = sqrt(sigma2_u) z_j``,
 ``z_j ~ N(0, 1)``), variances sampled on the log scale with the log-Jacobian added (NumPyro's
 default transform for a positive site), double precision (``jax_enable_x64``), NumPyro's default
 NUTS (diagonal mass matrix adapted in warm-up, target acceptance 0.8, maximum tree depth 10),
@@ -111,6 +115,8 @@ class Problem:
         As in :func:`vbsvm.svm`.
     prior : callable or None
         Returns the ``prior=`` argument of :func:`vbsvm.svm` (Gibbs only; no NUTS counterpart).
+    nuts_centred : bool
+        NUTS with centred random intercepts (default non-centred; see :func:`nuts_model`).
     """
 
     name: str
@@ -118,6 +124,7 @@ class Problem:
     load: Callable[[], pd.DataFrame]
     penalty: object = "auto"
     prior: Callable | None = None
+    nuts_centred: bool = False
 
 
 def _sim(n, d, seed=1):
@@ -130,6 +137,9 @@ BREAST_CANCER = Problem("breast_cancer", "y ~ .", _breast_cancer)
 #: Rows of the Gibbs-vs-NUTS table.
 NUTS_PROBLEMS = [
     TOENAIL_NONE,
+    # non-centred random intercepts leave 2 of 4 NUTS chains at sigma2 ~ 1e-3, about 1000 nats
+    # below the others; the centred model (informative groups: 6.5 visits per patient) mixes
+    Problem("toenail_centred", TOENAIL, lambda: vbsvm.datasets.load("toenail"), penalty=None, nuts_centred=True),
     Problem("heart", "y ~ .", lambda: vbsvm.datasets.load("raetsch/heart")),
     Problem("diabetis", "y ~ .", lambda: vbsvm.datasets.load("raetsch/diabetis")),
     BREAST_CANCER,
@@ -230,7 +240,7 @@ def run_gibbs(problem: Problem, df: pd.DataFrame, *, chains: int, draws: int, tu
     return fit, table, seconds
 
 
-def nuts_model(X, y, penalized, groups, *, penalty, sigma2_beta=1e8, A_u=0.01, B_u=0.01):
+def nuts_model(X, y, penalized, groups, *, penalty, centred=False, sigma2_beta=1e8, A_u=0.01, B_u=0.01):
     """NumPyro model of the marginal hinge pseudo-posterior on the standardized design.
 
     Parameters
@@ -244,6 +254,9 @@ def nuts_model(X, y, penalized, groups, *, penalty, sigma2_beta=1e8, A_u=0.01, B
     groups : list of (str, jax.Array of int, int)
         Name, level code of each row and number of levels of each ``(1 | g)`` term.
     penalty : "auto" or None
+    centred : bool
+        Random intercepts centred (``u_l ~ N(0, sigma2_g)`` sampled directly) instead of
+        non-centred (``u_l = sqrt(sigma2_g) z_l``). Penalized coefficients stay non-centred.
     sigma2_beta, A_u, B_u : float
         Prior hyperparameters (the package's defaults).
 
@@ -276,15 +289,18 @@ def nuts_model(X, y, penalized, groups, *, penalty, sigma2_beta=1e8, A_u=0.01, B
         f = X @ beta
         for name, codes, n_levels in groups:
             s2 = numpyro.sample(f"sigma2_{name}", dist.InverseGamma(A_u, B_u))
-            z = numpyro.sample(f"z_{name}", dist.Normal(0.0, 1.0).expand([n_levels]))
-            b = numpyro.deterministic(f"b_{name}", jnp.sqrt(s2) * z)
+            if centred:
+                b = numpyro.sample(f"b_{name}", dist.Normal(0.0, jnp.sqrt(s2)).expand([n_levels]))
+            else:
+                z = numpyro.sample(f"z_{name}", dist.Normal(0.0, 1.0).expand([n_levels]))
+                b = numpyro.deterministic(f"b_{name}", jnp.sqrt(s2) * z)
             f = f + b[codes]
         numpyro.factor("hinge", -2.0 * jnp.sum(jnp.maximum(0.0, 1.0 - y * f)))
 
     return model
 
 
-def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, seed: int):
+def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, seed: int, centred: bool = False):
     """NumPyro NUTS on the marginal pseudo-posterior; draws mapped to the original scale.
 
     Parameters
@@ -293,6 +309,8 @@ def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, se
     design : vbsvm.design.Design
         ``build_design(problem.formula, data)``: the standardized design the package fits.
     chains, draws, tune, seed : int
+    centred : bool
+        Centred random intercepts (see :func:`nuts_model`).
 
     Returns
     -------
@@ -310,7 +328,7 @@ def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, se
 
     groups = [(g.name, jnp.asarray(g.codes), g.n_levels) for g in design.groups]
     model = nuts_model(jnp.asarray(design.X), jnp.asarray(design.y, dtype=float), design.penalized, groups,
-                       penalty=problem.penalty)
+                       penalty=problem.penalty, centred=centred)
     # a throwaway 1-chain run of 2 + 2 draws first: its wall time (mostly tracing and compilation)
     # is reported, so that the reader can judge how much of the timed run below is compilation
     start = time.perf_counter()
@@ -335,9 +353,10 @@ def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, se
             data[var] = (("chain", "draw"), np.asarray(samples[var]))
     ds = xr.Dataset(data, coords={"chain": np.arange(chains), "draw": np.arange(draws), **coords})
     steps = np.asarray(extra_fields["num_steps"])
+    chain_means = {var: np.asarray(samples[var]).mean(axis=1).tolist() for var in data if var.startswith("sigma2")}
     extra = {"divergences": int(np.asarray(extra_fields["diverging"]).sum()), "compile_run_seconds": compile_seconds,
              "mean_leapfrog_steps": float(steps.mean()),
-             "mean_tree_depth": float(np.log2(steps + 1).mean())}
+             "mean_tree_depth": float(np.log2(steps + 1).mean()), "variance_chain_means": chain_means}
     return diagnostics(ds), seconds, extra
 
 
@@ -359,11 +378,13 @@ def compare_one(problem: Problem, *, chains, draws, tune, nuts_draws, nuts_tune,
     design = build_design(problem.formula, df)
     load_before = load_average()
     _, g_tab, g_sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed)
-    n_tab, n_sec, extra = run_nuts(problem, design, chains=chains, draws=nuts_draws, tune=nuts_tune, seed=seed)
+    n_tab, n_sec, extra = run_nuts(problem, design, chains=chains, draws=nuts_draws, tune=nuts_tune, seed=seed,
+                                    centred=problem.nuts_centred)
     agree = agreement(g_tab, n_tab)
     gibbs, nuts = worst(g_tab, g_sec), worst(n_tab, n_sec)
     return {
         "name": problem.name, "formula": problem.formula, "penalty": problem.penalty,
+        "nuts_random_intercepts": ("centred" if problem.nuts_centred else "non-centred") if design.groups else None,
         "n": design.n, "p": design.p, "levels": {g.name: g.n_levels for g in design.groups},
         "gibbs": {**gibbs, "chains": chains, "draws": draws, "tune": tune},
         "nuts": {**nuts, **extra, "chains": chains, "draws": nuts_draws, "tune": nuts_tune},
@@ -432,6 +453,31 @@ def markdown_defaults(rows: list, heading: str) -> str:
     return "\n".join(out)
 
 
+def nuts_report(rows: list, settings: dict) -> str:
+    """Markdown of the Gibbs-vs-NUTS table, its notes and the heart agreement check."""
+    text = markdown_nuts(rows, f"## vbsvm Gibbs vs NumPyro NUTS: min bulk ESS per second (Gibbs {settings['chains']} x "
+                               f"{settings['draws']} after {settings['tune']}; NUTS as listed)")
+    text += ("\n\nESS over fixed effects (original scale) and variance components; wall seconds include NUTS "
+             "compilation (`compile_run_seconds` in the JSON: a 1 x (2 after 2) NUTS run made before). `NUTS steps`: "
+             "mean leapfrog steps per draw. `max abs z`: largest |Gibbs mean - NUTS mean| / joint MCSE. `load`: "
+             "1-minute load average on the 2-core machine when the row started.")
+    for r in rows:
+        for var, means in r["nuts"].get("variance_chain_means", {}).items():
+            if max(means) > 10 * min(means):
+                text += (f"\n\n{r['name']}: NUTS chains disagree on {var} (chain means "
+                         f"{', '.join(f'{m:.3g}' for m in means)}); its NUTS row measures stuck chains.")
+    heart = [r for r in rows if r["name"] == "heart"]
+    if heart:
+        text += "\n\n" + markdown_agreement(heart[0])
+    return text
+
+
+def defaults_report(rows: list, settings: dict) -> str:
+    """Markdown of the Gibbs-at-defaults table."""
+    return markdown_defaults(rows, f"## vbsvm Gibbs at its defaults ({settings['chains']} x {settings['draws']} after "
+                                   f"{settings['tune']}): fixed effects and variance components")
+
+
 def merge(path: Path, rows: list, order: list) -> list:
     """Rows of ``path`` (if any) with those of the same name replaced by ``rows``, in ``order``."""
     old = json.loads(path.read_text())["rows"] if path.exists() else []
@@ -496,10 +542,21 @@ def main(argv=None):
                    help="fewer NUTS draws for one data set (e.g. spam=1000:500); ESS per second is compared")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--list", action="store_true", help="list the row names and exit")
+    p.add_argument("--report", action="store_true", help="rewrite the .md files from the JSON files and exit")
     args = p.parse_args(argv)
     if args.list:
         print("Gibbs vs NUTS:", ", ".join(q.name for q in NUTS_PROBLEMS))
         print("Gibbs defaults:", ", ".join(q.name for q in DEFAULT_PROBLEMS))
+        return
+    if args.report:
+        suffix = "_quick" if args.quick else ""
+        for stem, report in (("gibbs_vs_nuts", nuts_report), ("gibbs_defaults", defaults_report)):
+            path = RESULTS / f"{stem}{suffix}.json"
+            if path.exists():
+                saved = json.loads(path.read_text())
+                text = report(saved["rows"], saved["settings"])
+                path.with_suffix(".md").write_text(text + "\n")
+                print(text)
         return
     import numpyro
 
@@ -535,15 +592,7 @@ def main(argv=None):
                     "scale": "original predictor scale (NUTS draws mapped with design.to_original())",
                     "parameters": "beta[...] and sigma2_*", "nuts": "NumPyro NUTS defaults, x64, sequential chains",
                     "wall": "vbsvm.svm call (Gibbs); MCMC.run incl. compilation (NUTS)"}
-        text = markdown_nuts(rows, f"## vbsvm Gibbs vs NumPyro NUTS: min bulk ESS per second (Gibbs {args.chains} x "
-                                   f"{draws} after {tune}; NUTS as listed)")
-        text += ("\n\nESS over fixed effects (original scale) and variance components; wall seconds include NUTS "
-                 "compilation (`compile_run_seconds` in the JSON: a 1 x (2 after 2) NUTS run made before). `NUTS steps`: mean leapfrog steps per draw. `max abs z`: largest "
-                 "|Gibbs mean - NUTS mean| / joint MCSE. `load`: 1-minute load average on the 2-core machine "
-                 "when the row started.")
-        heart = [r for r in rows if r["name"] == "heart"]
-        if heart:
-            text += "\n\n" + markdown_agreement(heart[0])
+        text = nuts_report(rows, settings)
         print(text)
         write(f"gibbs_vs_nuts{suffix}", rows, settings, text)
     if args.table in ("defaults", "both"):
@@ -553,11 +602,10 @@ def main(argv=None):
             rows.append(defaults_one(q, chains=args.chains, draws=def_draws, tune=def_tune, seed=args.seed))
         path = RESULTS / f"gibbs_defaults{suffix}.json"
         rows = merge(path, rows, [q.name for q in DEFAULT_PROBLEMS])
-        text = markdown_defaults(rows, f"## vbsvm Gibbs at its defaults ({args.chains} x {def_draws} after {def_tune}): "
-                                       "fixed effects and variance components")
+        settings = {"chains": args.chains, "draws": def_draws, "tune": def_tune, "seed": args.seed}
+        text = defaults_report(rows, settings)
         print(text)
-        write(f"gibbs_defaults{suffix}", rows, {"chains": args.chains, "draws": def_draws, "tune": def_tune,
-                                                "seed": args.seed}, text)
+        write(f"gibbs_defaults{suffix}", rows, settings, text)
 
 
 if __name__ == "__main__":
