@@ -85,7 +85,7 @@ def sim():
 
 @pytest.fixture(scope="module")
 def pair(sim):
-    vb = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, seed=1, chains=2, draws=300)
+    vb = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, seed=1, chains=2, draws=300, method="meanfield")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         gibbs = vbsvm.svm("y ~ x1 + x2 + x3", data=sim, method="gibbs", chains=2, draws=1500, tune=300,

@@ -14,7 +14,7 @@ from scipy import integrate
 from scipy.special import gammaln
 
 from vbsvm.inference import ep
-from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear import LinearSVMModel, WoodburyPosterior
 
 
 def hinge(y, f):
@@ -130,7 +130,7 @@ def test_ep_woodbury_path_matches_dense():
     y = np.where(rng.normal(size=n) > 0, 1.0, -1.0)
     model = LinearSVMModel(X, y, [], np.r_[1e-8, np.full(p - 1, np.nan)])
     tau = model.prior_precision([4.0])
-    assert ep.WoodburyPosterior.applicable(model, tau)
+    assert WoodburyPosterior.applicable(model, tau)
     res = ep.expectation_propagation(model, tau, tol=1e-11, max_sweeps=3000)
     mu, Sigma, log_z, *_ = dense_ep(model.Cd, y, tau, sweeps=300)
     np.testing.assert_allclose(res.mean, mu, atol=1e-7)

@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=FIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("formula", help='model formula in quotes, e.g. "y ~ x1 + x2 + (1 | group)"')
     p.add_argument("csv", help="data file: comma-separated, header row, missing values as NA or empty")
-    p.add_argument("--method", choices=("vb", "gibbs", "map"), default="vb",
+    p.add_argument("--method", choices=("vb", "meanfield", "gibbs", "map"), default="vb",
                    help="vb: variational Bayes (fast, default); gibbs: Gibbs sampler (exact, slower); "
                         "map: posterior mode (with a fixed --penalty, the classical SVM)")
     p.add_argument("--penalty", type=_penalty, default="auto", metavar="auto|none|ALPHA",

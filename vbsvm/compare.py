@@ -399,7 +399,8 @@ class Comparison:
             from .linear_response import linear_response
 
             fit = self.fits[name]
-            eligible = _is_linear_vb(fit) and fit.settings.get("missing") != "impute"
+            eligible = (_is_linear_vb(fit) and fit.settings.get("missing") != "impute"
+                        and fit.settings.get("approximation") != "calibrated")
             try:
                 self._cache[key] = linear_response(fit).sd if eligible else None
             except InputError as exc:  # e.g. too many rows for the dense solve

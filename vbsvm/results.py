@@ -429,9 +429,15 @@ class Fit:
         if self.method == "map":
             return None, None
         P = self.posterior
-        if "theta_draws" in P:  # iid draws of a mixture (calibrated VB), stored at fit time
-            return P["theta_draws"], P["sigma2_draws"]
         chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
+        if "theta_draws" in P:  # iid draws of a mixture (calibrated VB), stored at fit time
+            theta, sig = P["theta_draws"], P["sigma2_draws"]
+            if theta.shape[:2] == (chains, draws):
+                return theta, sig
+            # another shape (e.g. compare's reference shape): resample the stored iid draws
+            pick = np.random.default_rng(self.settings.get("draw_seed")).integers(
+                0, theta.shape[0] * theta.shape[1], size=(chains, draws))
+            return (theta.reshape(-1, theta.shape[-1])[pick], sig.reshape(-1, sig.shape[-1])[pick])
         rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
         lay = self.layout
         Ld = np.linalg.cholesky(P["theta_cov_dense"] + 1e-300 * np.eye(lay.n_dense))

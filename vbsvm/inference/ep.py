@@ -79,7 +79,6 @@ import numpy as np
 from scipy.special import gammaln, log_ndtr
 
 from ..exceptions import ConvergenceWarning
-from ..models.linear import CoefficientPosterior, WoodburyPosterior
 from .threads import limit_blas
 
 __all__ = ["tilted_moments", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
@@ -156,9 +155,7 @@ class EPResult:
 
 
 def _gaussian(model, prec, tau, shift):
-    if WoodburyPosterior.applicable(model, tau):
-        return WoodburyPosterior(model, prec, tau, shift)
-    return CoefficientPosterior(model, prec, tau, shift)
+    return model.coefficient_posterior(prec, tau, r=shift)
 
 
 class _Sweep:
@@ -839,10 +836,4 @@ def sample_grid(grid, model, M, size, rng):
 
 def _sample_gaussian(post, size, rng):
     """``size`` draws of theta from one EP Gaussian, vectorized over draws."""
-    if not isinstance(post, CoefficientPosterior) or isinstance(post, WoodburyPosterior):
-        return np.array([post.sample(rng) for _ in range(size)])
-    dense = post.mean_dense + rng.standard_normal((size, post.model.qd)) @ post.Linv
-    if not post.model.m_sparse:
-        return dense
-    sparse = (post.br / post.D) - dense @ post.GD.T + rng.standard_normal((size, post.D.size)) / np.sqrt(post.D)
-    return np.hstack([dense, sparse])
+    return post.sample_many(size, rng)

@@ -310,6 +310,17 @@ class CoefficientPosterior:
         """``C @ theta`` for a vector theta."""
         return self.model.predictor(theta)
 
+    def sample_many(self, size, rng) -> np.ndarray:
+        """``size`` draws of theta, vectorized over draws, shape (size, q)."""
+        qd = self.model.qd
+        dense = self.mean_dense + rng.standard_normal((size, qd)) @ self.Linv
+        if not self.model.m_sparse:
+            return dense
+        m, qs = self.Dinv_br.shape
+        noise = np.einsum("lkj,slk->slj", self.LDinv, rng.standard_normal((size, m, qs)))
+        sparse = self.Dinv_br[None] - np.einsum("lkd,sd->slk", self.GDb, dense) + noise
+        return np.hstack([dense, sparse.reshape(size, m * qs)])
+
 
 class WoodburyPosterior(CoefficientPosterior):
     r"""The Gaussian of :class:`CoefficientPosterior` through n x n systems, for models without a
@@ -427,6 +438,9 @@ class WoodburyPosterior(CoefficientPosterior):
         if self.ia.size:
             var = var + np.einsum("ij,ji->i", self.M, self._sa_inv(self.M.T))
         return mean, np.maximum(var, 0.0)
+
+    def sample_many(self, size, rng) -> np.ndarray:
+        return np.array([self.sample(rng) for _ in range(size)])
 
     def sample(self, rng) -> np.ndarray:
         from scipy.linalg import solve_triangular
@@ -604,11 +618,12 @@ class LinearSVMModel:
         """``(index, Lambda)`` of each covariance component, given its precision matrix."""
         return [(c.index, Lam) for c, Lam in zip(self.covariance_components, covariance_precisions)]
 
-    def coefficient_posterior(self, w, tau, blocks=()) -> CoefficientPosterior:
+    def coefficient_posterior(self, w, tau, blocks=(), r=None) -> CoefficientPosterior:
         """Full conditional (Gibbs) or optimal q (VB) of theta given w and the prior precision
         (through n x n Woodbury systems when there are fewer rows than coefficients and no
-        random-effect term)."""
-        r = hinge.working_response(self.y, w)
+        random-effect term): ``N(P^{-1} C'r, P^{-1})``, ``P = C' diag(w) C + T``, with ``r`` the
+        working response ``y (1 + w)`` unless given (EP passes its site shifts)."""
+        r = hinge.working_response(self.y, w) if r is None else r
         if not blocks and WoodburyPosterior.applicable(self, tau):
             return WoodburyPosterior(self, w, tau, r)
         return CoefficientPosterior(self, w, tau, r, blocks=blocks)
