@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("formula", help='model formula in quotes, e.g. "y ~ x1 + x2 + (1 | group)"')
     p.add_argument("csv", help="data file: comma-separated, header row, missing values as NA or empty")
     p.add_argument("--method", choices=("vb", "meanfield", "gibbs", "map"), default="vb",
-                   help="vb: variational Bayes (fast, default); gibbs: Gibbs sampler (exact, slower); "
+                   help="vb: calibrated fast approximation (EP over a variance grid, default); meanfield: the "
+                        "paper's mean-field VB; gibbs: Gibbs sampler (exact, slower); "
                         "map: posterior mode (with a fixed --penalty, the classical SVM)")
     p.add_argument("--penalty", type=_penalty, default="auto", metavar="auto|none|ALPHA",
                    help="'auto' (default): infer the penalty alpha = 1/(4 sigma2_u) with sigma2_u ~ IG(0.01, 0.01); "

@@ -11,10 +11,11 @@ all use the same numbers:
 * ``method="map"``: the posterior mode.
 
 Probabilities. The SVM pseudo-likelihood is not a model of ``P(y | x)``. ``predict(kind="prob")``
-returns the posterior probability that the score is positive, ``P(f(x) > 0 | data)``: under VB
-``Phi(m / s)`` with m and s the mean and sd of the Gaussian predictive of the score; under Gibbs
-the fraction of draws with a positive score. It measures how sure the posterior is about the
-side of the boundary, not a calibrated class frequency (use :func:`vbsvm.gpsvm` for that).
+is the class probability of the probit predictive that Wenzel et al. (2017) use for the GP SVM,
+``P(y = +1 | x) = E[Phi(f(x))] = Phi(m / sqrt(1 + s^2))`` with m and s the posterior mean and sd
+of the score. ``kind="prob_positive"`` keeps the posterior probability that the score is
+positive, ``P(f(x) > 0 | data)`` (under VB ``Phi(m / s)``, under Gibbs the fraction of draws):
+how sure the posterior is about the side of the boundary, not a class frequency.
 """
 
 from __future__ import annotations
@@ -364,40 +365,48 @@ class Fit:
         ----------
         newdata : pandas.DataFrame, optional
             Rows to predict; default the training data. Grouping columns are used when present
-            (unseen levels get a zero random intercept, with a warning).
-        kind : {"class", "prob", "score"}
+            (unseen levels get a zero random effect, with a warning).
+        kind : {"class", "prob", "prob_positive", "score"}
             ``"class"``: the predicted response label (the original values, e.g. ``"spam"``),
-            by the sign of the posterior mean score; ``"prob"``: ``P(f(x) > 0 | data)``, the
-            posterior probability that the positive level is predicted (see module docstring);
-            ``"score"``: DataFrame with the mean and sd of the score.
+            by the sign of the posterior mean score; ``"prob"``: the class probability
+            ``P(y = +1 | x, data) = E[Phi(f(x))] = Phi(m / sqrt(1 + s^2))`` with m and s the
+            posterior mean and sd of the score (the predictive of Wenzel et al. 2017, eq. 13 as
+            corrected in :mod:`vbsvm.gpfit`, applied to the linear score; a MAP fit gives
+            ``Phi(f(x))`` at the mode); ``"prob_positive"``: ``P(f(x) > 0 | data)``, how sure the
+            posterior is of the side of the boundary (not a class frequency); ``"score"``:
+            DataFrame with the mean and sd of the score.
 
         Returns
         -------
         pandas.Series or pandas.DataFrame
         """
-        if kind not in ("class", "prob", "score"):
-            raise InputError(f"kind must be 'class', 'prob' or 'score'; got {kind!r}.")
+        if kind not in ("class", "prob", "prob_positive", "score"):
+            raise InputError(f"kind must be 'class', 'prob', 'prob_positive' or 'score'; got {kind!r}.")
         if newdata is None:
             newdata = self.design.raw
         score = self.predict_score(newdata)
         if kind == "score":
             return score
+        name = f"P({self.design.response}={self.design.positive_level!r})"
         if kind == "class":
             labels = np.where(score["mean"].to_numpy() > 0, 1, 0)
             values = np.array([self.design.negative_level, self.design.positive_level], dtype=object)[labels]
             return pd.Series(values, index=newdata.index, name=self.design.response)
+        m, sd = score["mean"].to_numpy(), np.nan_to_num(score["sd"].to_numpy())
+        if kind == "prob":
+            return pd.Series(stats.norm.cdf(m / np.sqrt(1.0 + sd ** 2)), index=newdata.index, name=name)
         if self.method == "map":
             raise InputError(
-                "kind='prob' needs a posterior; a method='map' fit has only the mode. Refit with "
-                "method='vb' or method='gibbs', or use kind='score'."
+                "kind='prob_positive' needs a posterior; a method='map' fit has only the mode. Refit with "
+                "method='vb' or method='gibbs', or use kind='prob' or kind='score'."
             )
         if self.method == "vb":
             with np.errstate(divide="ignore", invalid="ignore"):
-                prob = stats.norm.cdf(score["mean"].to_numpy() / score["sd"].to_numpy())
+                prob = stats.norm.cdf(m / sd)
         else:
             dense, sc = self._new_rows(newdata)
             prob = self._score_draw_stats(dense, sc)[2]
-        return pd.Series(prob, index=newdata.index, name=f"P({self.design.response}={self.design.positive_level!r})")
+        return pd.Series(prob, index=newdata.index, name=f"P(score > 0) for {name}")
 
     # ------------------------------------------------------------------ summary
     def summary(self, level=None):

@@ -187,7 +187,7 @@ class SelectionFit(Fit):
         ``kind="prob"`` is ``P(f(x) > 0)`` estimated from the iid draws from q stored by
         :meth:`to_arviz` (the score is a spike-and-slab mixture, not Gaussian).
         """
-        if kind != "prob" or self.method != "vb":
+        if kind != "prob_positive" or self.method != "vb":
             return super().predict(newdata, kind)
         if newdata is None:
             newdata = self.design.raw

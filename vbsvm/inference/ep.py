@@ -731,6 +731,12 @@ def _moments(grid, model, M):
     return mean, var, cov_d, cov_ds, means
 
 
+#: Site tolerance of the EP runs of a fit: 1e-4 gives the moments of 1e-6 to about three digits on
+#: the paper's data sets and is 3-13x faster where the data are nearly separable (n=100, d=50: 1.3 s
+#: -> 0.1 s), where EP at 1e-6 needs hundreds of damped sweeps per grid point.
+EP_TOL = 1e-4
+
+
 def fit_calibrated(model, settings=None, M=None) -> dict:
     r"""EP integrated over the variance components: the posterior dict of a ``method="vb"`` fit.
 
@@ -767,7 +773,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
     with limit_blas(getattr(model, "blas_work", 0.0)):
         correct = settings.get("ep_correct", True)
         grid = integrate_variances(model, dz=settings.get("ep_dz"), drop=settings.get("ep_drop", 7.0),
-                                   damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", 1e-6),
+                                   damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", EP_TOL),
                                    correct_variance=settings.get("ep_correct_variance", False))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
         ep_mean, ep_var = mean.copy(), var.copy()
