@@ -469,13 +469,23 @@ class Fit:
         return dt
 
     def save(self, path):
-        """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``)."""
-        self.to_arviz().to_netcdf(path, engine="h5netcdf")
+        """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``).
+
+        The file is written atomically (:func:`vbsvm.fit_file.write_atomically`): an interrupted
+        save leaves an existing file at ``path`` as it was. A fit whose formula
+        :func:`vbsvm.load` would refuse (see :mod:`vbsvm.formula_safety`) is not written.
+        """
+        from .fit_file import check_settings, write_atomically
+
+        check_settings(self.settings)
+        write_atomically(self.to_arviz(), path)
 
     @classmethod
     def from_datatree(cls, dt) -> "Fit":
         """Rebuild a fit from the tree written by :meth:`to_arviz` / :meth:`save`."""
         from .design import build_design
+
+        from .fit_file import check_settings
 
         try:
             settings = json.loads(dt.attrs["settings"])
@@ -484,8 +494,9 @@ class Fit:
             info = json.loads(dt.attrs.get("info", "{}"))
             raw = _dataset_to_frame(dt["constant_data"].to_dataset())
             internal = dt["vbsvm"].to_dataset()
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise FitFileError(f"the file is not a complete vbsvm linear fit ({exc}).") from None
+        check_settings(settings)  # the formula is checked before formulaic sees it
         design = build_design(settings["formula"], raw, standardize=settings["standardize"],
                               missing=settings["missing"])
         posterior = {k: internal[k].values for k in internal.data_vars}
