@@ -148,8 +148,9 @@ def read_fit_file(path):
     except OSError as exc:
         raise FitFileError(f"cannot read {path!r} ({exc.strerror}).") from None
     if not data.startswith(HDF5_SIGNATURE):
-        what = "empty" if not data else "not a netCDF-4/HDF5 file (no HDF5 signature at its start)"
-        raise FitFileError(f"{path!r} is {what}; vbsvm.load reads files written by fit.save().")
+        what = "it is empty" if not data else "it does not start with the HDF5 signature"
+        raise FitFileError(f"{path!r} is not a netCDF file written by vbsvm ({what}); vbsvm.load reads the "
+                           "files written by fit.save().")
     try:
         tree = xr.open_datatree(io.BytesIO(data), engine="h5netcdf")
         try:
