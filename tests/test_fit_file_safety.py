@@ -362,13 +362,15 @@ ACCEPTED = [
     "y ~ I(x**2) + poly(x, 2) + bs(z, df=3) + center(x) + scale(x) + np.log1p(x) + np.sqrt(np.exp(x))",
     "y ~ C(s, levels=['a', 'b']) + C(s, contr.treatment('b')) + cad.dur + `my var` + Q('my var')",
     "`y y` ~ x * z + (x + z)**2 + I(x > 0) + I(x ** -1) + I(2 * x)",
-    "y ~ x\n  + z",
+    "y ~ x\n  + z", "y ~ C(s, contr.sum) + C(s, Treatment('b'))",
 ]
 REFUSED = [
     "y ~ np", "y ~ np.savetxt", "y ~ x.__dict__", "y ~ x[0]", "y ~ I((z := 1))", "y ~ x if z else x",
     "y ~ np.log(*x)", "y ~ C(x, **{'a': 1})", "y ~ numpy.log(x)", "y ~ I('a' * 1000)", "y ~ I((1,) * 10)",
     "y ~ b'a'", "y ~ I(x @ x)", "y ~ x; import os", "y ~ x ~ z", "y x", "y ~ `x", "y ~ " + "(" * 300 + "x" + ")" * 300,
-    "y ~ I('" + "a" * 2000 + "')",
+    "y ~ I('" + "a" * 2000 + "')", "y ~ " + "+".join(["x"] * 4900), "y ~ x # __import__('os')",
+    # strings that end elsewhere for formulaic than for Python
+    "y ~ I('a" + "\\" + "' + np.savetxt('S', x) + " + "\\" + "'')", "y ~ I(" + "'" * 3 + "a' + np.log(x) + 'b" + "'" * 3 + ")",
 ]
 
 

@@ -13,6 +13,7 @@ names become placeholder names) and accepts only
 
 * names (column names, read from the data) and dotted names such as ``cad.dur`` that are not
   called and whose parts do not start with ``_``; backquoted names `` `my var` ``;
+  an allowed function as a value (``C(x, contr.sum)``);
 * numbers, short strings, ``True``/``False``/``None``, lists and tuples of these;
 * the operators ``+ - * / ** : | % //``, comparisons, ``and``/``or``/``not``, unary ``- + ~``
   (so ``-1``/``+0``, interactions, ``(1 | g)``, ``(1 + x | g)``, ``(1 | a/b)``, ``(1 | a:b)``
@@ -27,7 +28,8 @@ names become placeholder names) and accepts only
 Everything else is refused: attribute access on anything but a whitelisted function name or a
 dotted column name, subscripts, lambdas, comprehensions, dict/set displays (formulaic's
 ``{...}`` Python blocks), f-strings, starred arguments, ``:=``, conditional expressions, names
-starting with ``__``, and formulas longer than :data:`MAX_FORMULA_LENGTH` characters.
+starting with ``__``, formulas longer than :data:`MAX_FORMULA_LENGTH` characters, and text that
+Python and formulaic would read differently (backslash escapes, triple quotes, ``#``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ _NAMESPACE_ROOTS = frozenset({"np", "numpy", "contr", "formulaic", "pd", "pandas
 _BINARY = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow, ast.MatMult, ast.BitOr, ast.BitAnd, ast.BitXor,
            ast.Mod, ast.FloorDiv, ast.LShift, ast.RShift)
 _UNARY = (ast.USub, ast.UAdd, ast.Invert, ast.Not)
+_AMBIGUOUS = ("\\", "'" * 3, '"' * 3, "#")
 _PLACEHOLDER = "vbsvm_placeholder_"
 _DOT = _PLACEHOLDER + "dot"
 # formula text is scanned piece by piece: backquoted names, string literals, the rest
@@ -103,6 +106,13 @@ def check_formula(formula, *, what="formula"):
     if len(formula) > MAX_FORMULA_LENGTH:
         raise FormulaError(f"{what} has {len(formula)} characters, more than the {MAX_FORMULA_LENGTH} allowed; "
                            "shorten it (e.g. 'y ~ .' for every column).")
+    # Text whose reading differs between Python's tokenizer and formulaic's (escapes and triple
+    # quotes move the end of a string, '#' starts a comment only for Python) is refused, so that
+    # both read the same terms and a string the check sees is a string for formulaic too.
+    odd = [token for token in _AMBIGUOUS if token in formula]
+    if odd:
+        raise FormulaError(f"{what} {_shorten(formula)} contains {odd[0]!r}, which a formula may not contain; "
+                           "remove it (rename columns whose names contain it).")
     sides, names = _to_python(formula, what)
     checker = _Checker(formula, what, names)
     for side in sides:
@@ -112,7 +122,11 @@ def check_formula(formula, *, what="formula"):
             raise FormulaError(f"{what} {_shorten(formula)} is not a formula vbsvm accepts "
                                f"({getattr(exc, 'msg', None) or type(exc).__name__}); use column names, numbers, "
                                f"the operators + - * / : ** | and the functions {_FUNCTION_LIST}.") from None
-        checker.visit(tree.body)
+        try:
+            checker.visit(tree.body)
+        except RecursionError:
+            raise FormulaError(f"{what} {_shorten(formula)} is nested too deeply (or has too many terms) for "
+                               "vbsvm to check; simplify it (e.g. 'y ~ .' for every column).") from None
     return formula
 
 
@@ -195,7 +209,7 @@ class _Checker(ast.NodeVisitor):
             self.refuse(f"'{self.source(node)}'", "is an attribute of an expression")
         if parts[0].startswith("__") or any(p.startswith("_") for p in parts[1:]):
             self.refuse(f"'{'.'.join(parts)}'", "reaches a private attribute")
-        if parts[0] in _NAMESPACE_ROOTS:
+        if parts[0] in _NAMESPACE_ROOTS and ".".join(parts) not in ALLOWED_FUNCTIONS:
             self.refuse(f"'{'.'.join(parts)}'", "names a module attribute as a value; a module may only "
                                                 "be named to call one of its allowed functions")
 
