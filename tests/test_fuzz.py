@@ -168,3 +168,14 @@ def test_fuzz_only_vbsvm_errors_escape(case):
 @given(CASES)
 def test_fuzz_only_vbsvm_errors_escape_long(case):
     check(case)
+
+
+def test_found_by_fuzzing_badly_scaled_design_is_a_vbsvm_error():
+    n = 19
+    df = pd.DataFrame({"y": [False] * 18 + [True], "x0": [0] * 5 + [1] + [0] * 13,
+                       "x2": [0] * 5 + [94906266] + [0] * 13})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(VbsvmError, match="failed numerically"):
+            fit("y ~ x0 * x2", df, {"method": "vb", "penalty": "auto", "missing": "drop", "standardize": False})
+    assert len(df) == n

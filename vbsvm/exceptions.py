@@ -26,6 +26,11 @@ class FitFileError(InputError):
     """A file given to :func:`vbsvm.load` is not a readable vbsvm fit."""
 
 
+class NumericalError(VbsvmError, ArithmeticError):
+    """An update of the fit failed numerically (e.g. the Cholesky factorization of a badly scaled
+    or collinear design); the message says which input to change."""
+
+
 class WorkerError(VbsvmError, RuntimeError):
     """A worker process (``n_jobs > 1``) died without returning its results."""
 

@@ -40,6 +40,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..exceptions import InterruptWarning, WorkerError
+from .failures import numerical_failures
 from .threads import limit_blas
 
 __all__ = ["GibbsResult", "run_chains", "chain_generators"]
@@ -70,7 +71,7 @@ def chain_generators(seed, chains):
 
 
 def _run_one(model, rng, draws, tune, thin, record, progress, label, stop=None):
-    with limit_blas(getattr(model, "blas_work", 0.0)):
+    with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures(f"Gibbs sampling ({label})"):
         return _scan(model, rng, draws, tune, thin, record, progress, label, stop)
 
 
@@ -140,6 +141,8 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         If interrupted before any chain kept a draw.
     vbsvm.exceptions.WorkerError
         If a worker process died without returning its chains.
+    vbsvm.exceptions.NumericalError
+        If a sweep fails numerically (e.g. a Cholesky factorization).
     """
     start = time.perf_counter()
     rngs = chain_generators(seed, chains)

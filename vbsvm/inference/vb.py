@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..exceptions import ConvergenceWarning, InterruptWarning
+from .failures import numerical_failures
 from .threads import limit_blas
 
 __all__ = ["VBResult", "coordinate_ascent"]
@@ -84,8 +85,13 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
     Returns
     -------
     VBResult
+
+    Raises
+    ------
+    vbsvm.exceptions.NumericalError
+        If a (non-extrapolated) sweep fails numerically, e.g. a Cholesky factorization.
     """
-    with limit_blas(getattr(model, "blas_work", 0.0)):
+    with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures("variational Bayes"):
         return _coordinate_ascent(model, tol, max_iter, accelerate, state)
 
 

@@ -1,0 +1,22 @@
+"""Numerical failures inside the engines, reported as vbsvm errors that say what to change."""
+
+from contextlib import contextmanager
+
+import numpy as np
+
+from ..exceptions import NumericalError
+
+__all__ = ["numerical_failures"]
+
+
+@contextmanager
+def numerical_failures(engine):
+    """Turn a :class:`numpy.linalg.LinAlgError` or :class:`FloatingPointError` raised by a model
+    update into :class:`~vbsvm.exceptions.NumericalError` (``engine`` names the algorithm)."""
+    try:
+        yield
+    except (np.linalg.LinAlgError, FloatingPointError) as exc:
+        raise NumericalError(
+            f"{engine}: a model update failed numerically ({type(exc).__name__}: {exc}). The design is "
+            "probably badly scaled or nearly collinear: keep standardize=True, rescale or remove columns "
+            "with extreme values, or use a penalty (penalty='auto' or a number).") from None
