@@ -233,3 +233,22 @@ def test_warnings_module_state_is_untouched():
         before = list(warnings.filters)
         run_chains(Counter(), draws=5, tune=0, chains=2, seed=0, progress=False, n_jobs=2)
         assert warnings.filters == before
+
+
+def test_unguarded_script_with_spawn_fails_with_advice(tmp_path):
+    # the start method used outside Linux re-imports the script in each worker
+    script = tmp_path / "unguarded_spawn.py"
+    script.write_text("import vbsvm.inference.gibbs as g\ng._start_method = lambda: 'spawn'\n" + UNGUARDED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=ENV, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "WorkerError" in proc.stderr and "if __name__ ==" in proc.stderr and "n_jobs=1" in proc.stderr
+
+
+def test_spawned_workers_give_the_serial_chains(monkeypatch):
+    import vbsvm.inference.gibbs as gibbs
+
+    monkeypatch.setattr(gibbs, "_start_method", lambda: "spawn")
+    kw = dict(draws=10, tune=2, chains=2, seed=3, progress=False)
+    np.testing.assert_array_equal(run_chains(Counter(), n_jobs=2, **kw).draws["theta"],
+                                  run_chains(Counter(), **kw).draws["theta"])
