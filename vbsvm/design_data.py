@@ -238,7 +238,9 @@ def loads(text: str):
     try:
         data = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:
-        raise FitFileError(f"the saved design is not JSON ({type(exc).__name__}).") from None
+        raise FitFileError(f"the saved design is not JSON ({type(exc).__name__}); files from vbsvm versions "
+                           "that stored it as a pickle are no longer read (unpickling can run code): refit "
+                           "the model and save it again.") from None
     if not isinstance(data, dict):
         raise FitFileError("the saved design is not a JSON object.")
     return design_from_data(data)
