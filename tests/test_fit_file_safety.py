@@ -178,6 +178,8 @@ CORPUS.update({
     "posterior wrong length": ("vb", with_var("vbsvm", "theta_mean", lambda v: v[:2].rename(
         {"theta_mean_dim0": "short"}))),
     "posterior NaN": ("vb", with_var("vbsvm", "theta_var", lambda v: v * np.nan)),
+    "stored data rebuild other columns": ("vb", with_var("constant_data", "s", lambda v: v.copy(data=np.full(v.shape, "a", dtype=object)))),
+    "stored responses differ": ("vb", with_var("observed_data", "y", lambda v: -v)),
     "extra group": ("vb", with_group("evil", xr.Dataset({"a": ("i", [1.0])}))),
     "nested group": ("vb", with_group("posterior/evil", xr.Dataset({"a": ("i", [1.0])}))),
     "missing group": ("vb", without_group("constant_data")),
@@ -299,6 +301,20 @@ def test_save_refuses_a_formula_load_would_refuse(tmp_path):
         fit = vbsvm.svm("y ~ x + np.cumsum(z)", df, seed=1)  # formulaic evaluates it, load would not
     with pytest.raises(FormulaError, match="np.cumsum"):
         fit.save(tmp_path / "cumsum.nc")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("column", [pd.Categorical([1, 2, 3] * 20), pd.Series([0, "a", 1.5] * 20, dtype=object),
+                                    pd.Series(list(range(60)), dtype=object)], ids=["int categories", "mixed",
+                                                                                    "object ints"])
+def test_save_refuses_columns_that_would_not_load_back(column, tmp_path):
+    df = frame()
+    df["c"] = column
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = vbsvm.svm("y ~ x + c", df, seed=1)
+    with pytest.raises(InputError, match="column 'c'.*astype\\(str\\)"):
+        fit.save(tmp_path / "c.nc")
     assert list(tmp_path.iterdir()) == []
 
 

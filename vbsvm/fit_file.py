@@ -38,7 +38,7 @@ import xarray as xr
 from .exceptions import FitFileError, InputError, InputTypeError, VbsvmError
 from .formula_safety import check_formula
 
-__all__ = ["write_atomically", "read_fit_file", "refusing", "check_loaded", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
+__all__ = ["write_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable", "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Longest root attribute accepted (characters); real ones are a few kilobytes.
@@ -113,6 +113,46 @@ def _fsync_directory(directory):
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def check_storable(raw):
+    """Refuse to save data columns that would not come back the same from the file.
+
+    The ``constant_data`` group stores the values of a text or categorical column as text, so a
+    column mixing types (``[0, "a", 1.5]``), an object column of numbers, or categories that are
+    not text would load back as other values or levels, and the design rebuilt from them would
+    not match the coefficients.
+
+    Raises
+    ------
+    vbsvm.exceptions.InputError
+        Naming the column and how to convert it.
+    """
+    import pandas as pd
+
+    for name in raw.columns:
+        col = raw[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            values, what = list(col.cat.categories), "categories"
+        elif pd.api.types.is_object_dtype(col):
+            values, what = col.dropna().tolist(), "values"
+        else:
+            continue
+        odd = sorted({type(v).__name__ for v in values if not isinstance(v, str)})
+        if odd:
+            raise InputError(f"cannot save the fit: column {name!r} has {what} of type(s) {odd} besides text, which "
+                             "a fit file stores as text, so they would load back differently; convert the column "
+                             f"(df[{name!r}] = df[{name!r}].astype(str), or to a numeric dtype) and refit.")
+
+
+def check_rebuilt(design, layout, y):
+    """Check that a design rebuilt from a file's data matches the coefficients and responses saved with it."""
+    if list(design.column_names) != list(layout.fixed):
+        raise FitFileError(f"the data stored in the file rebuild the design columns {list(design.column_names)[:8]}, "
+                           f"not the saved coefficients {list(layout.fixed)[:8]}.")
+    if design.y.shape != np.shape(y) or not np.array_equal(design.y, y):
+        raise FitFileError(f"the data stored in the file rebuild {design.n} responses that differ from the "
+                           f"{np.size(y)} saved in 'observed_data'.")
 
 
 # ===================================================================== reading

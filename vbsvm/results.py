@@ -472,12 +472,15 @@ class Fit:
         """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``).
 
         The file is written atomically (:func:`vbsvm.fit_file.write_atomically`): an interrupted
-        save leaves an existing file at ``path`` as it was. A fit whose formula
-        :func:`vbsvm.load` would refuse (see :mod:`vbsvm.formula_safety`) is not written.
+        save leaves an existing file at ``path`` as it was. A fit that would not load back the
+        same is not written: one whose formula :func:`vbsvm.load` would refuse (see
+        :mod:`vbsvm.formula_safety`), or whose data has a column mixing text with other types
+        (:func:`vbsvm.fit_file.check_storable`).
         """
-        from .fit_file import check_settings, write_atomically
+        from .fit_file import check_settings, check_storable, write_atomically
 
         check_settings(self.settings)
+        check_storable(self.design.raw)
         write_atomically(self.to_arviz(), path)
 
     @classmethod
@@ -485,7 +488,7 @@ class Fit:
         """Rebuild a fit from the tree written by :meth:`to_arviz` / :meth:`save`."""
         from .design import build_design
 
-        from .fit_file import check_settings
+        from .fit_file import check_rebuilt, check_settings
 
         try:
             settings = json.loads(dt.attrs["settings"])
@@ -499,6 +502,7 @@ class Fit:
         check_settings(settings)  # the formula is checked before formulaic sees it
         design = build_design(settings["formula"], raw, standardize=settings["standardize"],
                               missing=settings["missing"])
+        check_rebuilt(design, layout, dt["observed_data"]["y"].values)
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
 
