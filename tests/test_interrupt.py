@@ -252,3 +252,31 @@ def test_spawned_workers_give_the_serial_chains(monkeypatch):
     kw = dict(draws=10, tune=2, chains=2, seed=3, progress=False)
     np.testing.assert_array_equal(run_chains(Counter(), n_jobs=2, **kw).draws["theta"],
                                   run_chains(Counter(), **kw).draws["theta"])
+
+
+# ----------------------------------------------------------------------------- checkpoints
+def test_checkpoint_resume_gives_the_uninterrupted_draws(tmp_path):
+    base = tmp_path / "run"
+    kw = dict(draws=30, tune=5, chains=3, seed=11, progress=False)
+    with pytest.warns(InterruptWarning):
+        run_chains(Counter(fail_at=20), checkpoint=base, checkpoint_every=0.0, **kw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.chain0.npz"]  # chains 1, 2 never started
+    resumed = run_chains(Counter(), checkpoint=base, n_jobs=2, **kw)
+    np.testing.assert_array_equal(resumed.draws["theta"], run_chains(Counter(), **kw).draws["theta"])
+    assert list(tmp_path.iterdir()) == []  # removed once the run completed
+
+
+def test_checkpoint_of_another_run_is_refused(tmp_path):
+    from vbsvm.exceptions import InputError
+
+    base = tmp_path / "run"
+    with pytest.warns(InterruptWarning):
+        run_chains(Counter(fail_at=20), checkpoint=base, checkpoint_every=0.0, draws=30, tune=5, chains=1, seed=1,
+                   progress=False)
+    with pytest.raises(InputError, match="another run"):
+        run_chains(Counter(), checkpoint=base, draws=31, tune=5, chains=1, seed=1, progress=False)
+    (tmp_path / "run.chain0.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="cannot be read"):
+        run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=1, progress=False)
+    with pytest.raises(InputError, match="needs a seed"):
+        run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=None, progress=False)

@@ -38,7 +38,7 @@ import xarray as xr
 from .exceptions import FitFileError, InputError, InputTypeError, VbsvmError
 from .formula_safety import check_formula
 
-__all__ = ["write_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable", "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
+__all__ = ["write_atomically", "replace_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable", "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Longest root attribute accepted (characters); real ones are a few kilobytes.
@@ -61,10 +61,18 @@ _COLUMN_DTYPE = re.compile(r"(u?int(8|16|32|64)|float(16|32|64)|bool|str|categor
 def write_atomically(tree: xr.DataTree, path) -> None:
     """Write ``tree`` to ``path`` (netCDF via h5netcdf) so that ``path`` is never half written.
 
-    The tree goes to a temporary file in the same directory, which is flushed to disk
-    (``fsync``) and then renamed over ``path`` (:func:`os.replace`, atomic on POSIX and
-    Windows); the directory entry is synced too. On any error or interrupt the temporary file is
-    removed and an existing ``path`` is left as it was.
+    See :func:`replace_atomically`.
+    """
+    replace_atomically(path, lambda tmp: tree.to_netcdf(tmp, engine="h5netcdf"))
+
+
+def replace_atomically(path, write) -> None:
+    """Create or replace the file ``path`` with what ``write(temporary_path)`` writes, atomically.
+
+    ``write`` fills a temporary file in the same directory, which is flushed to disk (``fsync``)
+    and then renamed over ``path`` (:func:`os.replace`, atomic on POSIX and Windows); the
+    directory entry is synced too. On any error or interrupt the temporary file is removed and an
+    existing ``path`` is left as it was (only a killed process can leave the temporary file).
 
     Raises
     ------
@@ -84,7 +92,7 @@ def write_atomically(tree: xr.DataTree, path) -> None:
     try:
         os.close(fd)
         os.chmod(tmp, _new_file_mode(path))
-        tree.to_netcdf(tmp, engine="h5netcdf")
+        write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

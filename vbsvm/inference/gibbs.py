@@ -28,7 +28,10 @@ re-importing an unguarded script raises :class:`~vbsvm.exceptions.WorkerError` s
 
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
+import os
 import signal
 import sys
 import time
@@ -39,11 +42,11 @@ from multiprocessing.connection import wait
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..exceptions import InterruptWarning, WorkerError
+from ..exceptions import InputError, InterruptWarning, WorkerError
 from .failures import numerical_failures
 from .threads import limit_blas
 
-__all__ = ["GibbsResult", "run_chains", "chain_generators"]
+__all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint"]
 
 #: seconds a worker gets to return its partial chains after the parent asked it to stop
 STOP_GRACE = 30.0
@@ -70,21 +73,31 @@ def chain_generators(seed, chains):
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(chains)]
 
 
-def _run_one(model, rng, draws, tune, thin, record, progress, label, stop=None):
+def _run_one(model, rng, draws, tune, thin, record, progress, label, checkpoint=None, stop=None):
     with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures(f"Gibbs sampling ({label})"):
-        return _scan(model, rng, draws, tune, thin, record, progress, label, stop)
+        return _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, stop)
 
 
-def _scan(model, rng, draws, tune, thin, record, progress, label, stop):
-    """One chain: ``({name: [kept draws]}, interrupted)``; stops early on Ctrl-C or ``stop``."""
+def _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, stop):
+    """One chain: ``({name: [kept draws]}, interrupted)``; stops early on Ctrl-C or ``stop``.
+
+    With a ``checkpoint``, starts where its file left off and saves the chain's position at sweep
+    boundaries (every ``checkpoint.every`` seconds and when ``stop`` is seen).
+    """
     kept = {name: [] for name in record}
     total = tune + draws * thin
+    first, state = 0, None
+    if checkpoint is not None:
+        first, state, kept = checkpoint.resume(rng, kept)
     # no tqdm object at all without a bar: a forked worker must not touch tqdm's (copied) lock
-    bar = tqdm(total=total, desc=label, leave=False, mininterval=0.5) if progress else None
+    bar = tqdm(total=total, initial=first, desc=label, leave=False, mininterval=0.5) if progress else None
     try:
-        state = model.gibbs_initial_state(rng)
-        for it in range(total):
+        if state is None:
+            state = model.gibbs_initial_state(rng)
+        for it in range(first, total):
             if stop is not None and stop.is_set():
+                if checkpoint is not None:
+                    checkpoint.save(it, state, kept, rng)
                 return kept, True
             state = model.gibbs_sweep(state, rng)
             if it >= tune and (it - tune) % thin == thin - 1:
@@ -93,7 +106,9 @@ def _scan(model, rng, draws, tune, thin, record, progress, label, stop):
                     kept[name].append(row[name])
             if bar is not None:
                 bar.update()
-    except KeyboardInterrupt:
+            if checkpoint is not None and checkpoint.due():
+                checkpoint.save(it + 1, state, kept, rng)
+    except KeyboardInterrupt:  # the last checkpoint (if any) stays: it was written at a sweep boundary
         return kept, True
     finally:
         if bar is not None:
@@ -101,8 +116,72 @@ def _scan(model, rng, draws, tune, thin, record, progress, label, stop):
     return kept, False
 
 
+class Checkpoint:
+    """The checkpoint file of one chain: its position, state, kept draws and generator state.
+
+    Written atomically to ``<base>.chain<c>.npz`` (numpy arrays, read back with
+    ``allow_pickle=False``); ``meta`` (the run's arguments and the chain's starting generator
+    state) must match for a file to be resumed, so a checkpoint of another run is refused.
+    """
+
+    def __init__(self, base, chain, meta, every):
+        self.path = f"{os.fspath(base)}.chain{chain}.npz"
+        self.meta = json.dumps(meta, sort_keys=True)
+        self.every = every
+        self.last = time.monotonic()
+
+    def due(self):
+        return time.monotonic() - self.last >= self.every
+
+    def save(self, position, state, kept, rng):
+        """Write the chain after ``position`` sweeps (state, kept draws, generator) atomically."""
+        from ..fit_file import replace_atomically
+
+        arrays = {"meta": np.array(self.meta), "position": np.array(position),
+                  "rng": np.array(json.dumps(rng.bit_generator.state))}
+        arrays.update({f"state:{k}": np.asarray(v) for k, v in state.items()})
+        arrays.update({f"kept:{k}": np.asarray(v) for k, v in kept.items() if v})
+        bad = [k for k, v in arrays.items() if v.dtype.kind not in "biufcU"]
+        if bad:
+            raise InputError(f"the Gibbs state entries {bad} are not numeric arrays, so this model cannot be "
+                             "checkpointed; run without checkpoint=.")
+
+        def write(tmp):
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+
+        replace_atomically(self.path, write)
+        self.last = time.monotonic()
+
+    def resume(self, rng, kept):
+        """``(position, state, kept)`` from the file, ``rng`` set to its saved state; ``(0, None, kept)`` without one."""
+        if not os.path.exists(self.path):
+            return 0, None, kept
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in z.files}
+            meta = str(arrays.pop("meta"))
+            position = int(arrays.pop("position"))
+            generator = json.loads(str(arrays.pop("rng")))
+        except Exception as exc:  # noqa: BLE001 - zip, numpy and JSON errors of a damaged file
+            raise InputError(f"the checkpoint {self.path!r} cannot be read ({type(exc).__name__}: {exc}); "
+                             "delete it to start afresh.") from None
+        if meta != self.meta:
+            raise InputError(f"the checkpoint {self.path!r} belongs to another run (its seed, draws, tune, thin, "
+                             "chains or recorded names differ); delete it or pass another checkpoint path.")
+        rng.bit_generator.state = generator
+        state = {k[len("state:"):]: v for k, v in arrays.items() if k.startswith("state:")}
+        for name in kept:
+            kept[name] = list(arrays.get(f"kept:{name}", []))
+        return position, state, kept
+
+    def remove(self):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
+
+
 def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, record=("theta",),
-               progress=True, n_jobs=1) -> GibbsResult:
+               progress=True, n_jobs=1, checkpoint=None, checkpoint_every=60.0) -> GibbsResult:
     """Run ``chains`` Gibbs chains of ``model``.
 
     Parameters
@@ -129,6 +208,15 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         about half the time, while a run of well under a second is not faster (and is slower
         with ``spawn``, the method used outside Linux, which starts each worker in ~1-2 s).
 
+    checkpoint : str or path, optional
+        Base name of per-chain checkpoint files ``<checkpoint>.chain<c>.npz``, written (atomically,
+        at sweep boundaries) every ``checkpoint_every`` seconds and when the run is stopped. If
+        they exist, each chain resumes where its file left off, and the draws are the same as
+        those of an uninterrupted run (the file holds the generator state). A file written by a
+        run with other arguments is refused. The files are removed when the run completes.
+    checkpoint_every : float
+        Seconds between checkpoints.
+
     Returns
     -------
     GibbsResult
@@ -146,8 +234,17 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     """
     start = time.perf_counter()
     rngs = chain_generators(seed, chains)
+    points = [None] * chains
+    if checkpoint is not None:
+        if seed is None:
+            raise InputError("checkpoint= needs a seed (e.g. seed=1): a resumed chain must continue the "
+                             "same random stream.")
+        meta = {"draws": draws, "tune": tune, "thin": thin, "chains": chains, "record": list(record),
+                "model": type(model).__name__}
+        points = [Checkpoint(checkpoint, c, dict(meta, start=rngs[c].bit_generator.state), checkpoint_every)
+                  for c in range(chains)]
     args = [(model, rngs[c], draws, tune, thin, tuple(record), progress and n_jobs == 1,
-             f"chain {c + 1}/{chains}") for c in range(chains)]
+             f"chain {c + 1}/{chains}", points[c]) for c in range(chains)]
     if n_jobs == 1:
         out, interrupted = {}, False
         for c in range(chains):
@@ -157,6 +254,9 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     else:
         out, interrupted = _run_parallel(args, n_jobs)
     stacked, kept_chains, n_kept = _common_length(out, record, interrupted)
+    if not interrupted and checkpoint is not None:
+        for point in points:
+            point.remove()
     if interrupted:
         warnings.warn(
             f"Gibbs sampling was interrupted (KeyboardInterrupt): returning {kept_chains} chain(s) x "
