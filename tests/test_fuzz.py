@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 import vbsvm
 from vbsvm import cli
-from vbsvm.exceptions import VbsvmError
+from vbsvm.exceptions import FitFileError, VbsvmError
 from test_reliability_helpers import fingerprint
 
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
@@ -119,7 +119,10 @@ def run_case(df, newdata, formula, options, operation, kind):
         elif operation == "save_load":
             path = os.path.join(tmp, "fit.nc")
             first.save(path)
-            back = vbsvm.load(path)  # a file vbsvm wrote must load: FitFileError here is a failure
+            try:
+                back = vbsvm.load(path)
+            except FitFileError as exc:
+                pytest.fail(f"a file vbsvm wrote does not load: {exc}")
             pd.testing.assert_frame_equal(back.coef, first.coef)
             back.predict(newdata, kind=kind)
         elif operation == "compare":
@@ -179,3 +182,4 @@ def test_found_by_fuzzing_badly_scaled_design_is_a_vbsvm_error():
         with pytest.raises(VbsvmError, match="failed numerically"):
             fit("y ~ x0 * x2", df, {"method": "vb", "penalty": "auto", "missing": "drop", "standardize": False})
     assert len(df) == n
+

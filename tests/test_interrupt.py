@@ -127,6 +127,21 @@ def test_ctrl_c_during_vb_returns_the_last_accepted_q():
     assert len(res["elbo"]) > 10 and np.all(np.diff(res["elbo"]) >= 0)
 
 
+@pytest.mark.parametrize("error", [ValueError, np.linalg.LinAlgError, FloatingPointError])
+def test_numerical_failure_of_a_sweep_is_a_vbsvm_error(error):
+    # found by the fuzz suite: a variance update that came out NaN raised a bare ValueError
+    from vbsvm.exceptions import NumericalError
+
+    class Fails(SlowVB):
+        def vb_sweep(self, x):
+            raise error("scale must be strictly positive")
+
+    with pytest.raises(NumericalError, match="variational Bayes: a model update failed numerically"):
+        coordinate_ascent(Fails())
+    with pytest.raises(NumericalError, match="Gibbs sampling"):
+        run_chains(Counter(fail_at=3, error=error), draws=5, tune=0, chains=1, seed=0, progress=False)
+
+
 def test_vb_interrupt_in_first_sweep_is_passed_on():
     class Fails(SlowVB):
         def vb_sweep(self, x):
@@ -188,8 +203,8 @@ def test_parallel_chains_equal_serial_chains():
 def test_worker_error_is_raised_and_no_worker_is_left():
     import multiprocessing
 
-    with pytest.raises(ValueError, match="sweep failed"):
-        run_chains(Counter(fail_at=8, error=ValueError), draws=10**6, tune=0, chains=2, seed=0,
+    with pytest.raises(RuntimeError, match="sweep failed"):
+        run_chains(Counter(fail_at=8, error=RuntimeError), draws=10**6, tune=0, chains=2, seed=0,
                    progress=False, n_jobs=2)
     assert multiprocessing.active_children() == []
 

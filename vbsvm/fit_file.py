@@ -9,7 +9,9 @@ passed around. So :func:`vbsvm.load`
 * checks the layout before anything is built from it (:func:`read_fit_file`): the HDF5 signature,
   the fit type, the groups (no missing, extra or nested groups), the type, size and JSON
   structure of every root attribute, the settings (types and ranges), the layout, the dtypes of
-  the stored data columns;
+  the stored data columns and of the posterior arrays; then it uses the fit once
+  (:func:`check_loaded`) and checks that the design rebuilt from the stored data matches the
+  saved coefficients (:func:`check_rebuilt`);
 * never evaluates text from the file as Python: the stored formula is checked against the
   whitelist of :mod:`vbsvm.formula_safety` before formulaic parses it, and a saved design is
   plain JSON data (:mod:`vbsvm.design`), never a pickle;
@@ -379,8 +381,6 @@ def _check_numeric(ds, group):
     for name, var in ds.data_vars.items():
         if var.dtype.kind not in "biuf":
             raise FitFileError(f"the variable {name!r} of group {group!r} is not numeric (dtype {var.dtype}).")
-        if not np.isfinite(var.values).all():
-            raise FitFileError(f"the variable {name!r} of group {group!r} has non-finite values.")
 
 
 def check_loaded(fit):

@@ -495,7 +495,11 @@ class Fit:
             layout = ThetaLayout.from_dict(json.loads(dt.attrs["layout"]))
             method = dt.attrs["method"]
             info = json.loads(dt.attrs.get("info", "{}"))
-            raw = _dataset_to_frame(dt["constant_data"].to_dataset())
+            data = dt["constant_data"].to_dataset()
+            for var in data.data_vars.values():  # xarray decodes int8 + attrs dtype='bool' itself
+                if var.dtype == bool:
+                    var.attrs.setdefault("dtype", "bool")
+            raw = _dataset_to_frame(data)
             internal = dt["vbsvm"].to_dataset()
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise FitFileError(f"the file is not a complete vbsvm linear fit ({exc}).") from None
