@@ -119,7 +119,7 @@ def check_formula(formula, *, what="formula"):
         try:
             tree = ast.parse(side, mode="eval")
         except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-            raise FormulaError(f"{what} {_shorten(formula)} is not a formula vbsvm accepts "
+            raise FormulaError(f"cannot parse the {what.removeprefix('the ')} {_shorten(formula)} "
                                f"({getattr(exc, 'msg', None) or type(exc).__name__}); use column names, numbers, "
                                f"the operators + - * / : ** | and the functions {_FUNCTION_LIST}.") from None
         try:
@@ -130,7 +130,7 @@ def check_formula(formula, *, what="formula"):
     return formula
 
 
-_FUNCTION_LIST = "C(), I(), Q(), center(), scale(), poly(), bs(), np.log(), np.exp(), np.sqrt(), ..."
+_FUNCTION_LIST = "C(), I(), Q(), center(), scale(), poly(), bs() and elementwise numpy functions such as np.log(), np.sqrt()"
 
 
 def _shorten(text, limit=120):
