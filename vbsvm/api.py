@@ -312,7 +312,7 @@ def load(path):
     """
     from .fit_file import check_loaded, read_fit_file, refusing
 
-    kind, tree, _ = read_fit_file(path)
+    kind, tree = read_fit_file(path)
     with refusing(path):
         if kind == "linear":
             fit = Fit.from_datatree(tree)

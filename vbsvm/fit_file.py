@@ -14,7 +14,7 @@ passed around. So :func:`vbsvm.load`
   saved coefficients (:func:`check_rebuilt`);
 * never evaluates text from the file as Python: the stored formula is checked against the
   whitelist of :mod:`vbsvm.formula_safety` before formulaic parses it, and a saved design is
-  plain JSON data (:mod:`vbsvm.design`), never a pickle;
+  plain JSON data (:mod:`vbsvm.design_data`), never a pickle;
 * turns every failure into :class:`~vbsvm.exceptions.FitFileError` naming the file and what is
   wrong with it (:func:`refusing`).
 
@@ -40,7 +40,8 @@ import xarray as xr
 from .exceptions import FitFileError, InputError, InputTypeError, VbsvmError
 from .formula_safety import check_formula
 
-__all__ = ["write_atomically", "replace_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable", "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
+__all__ = ["write_atomically", "replace_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable",
+           "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Longest root attribute accepted (characters); real ones are a few kilobytes.
@@ -175,7 +176,7 @@ def _as_path(path, name):
 
 
 def read_fit_file(path):
-    """Read and check a fit file; return ``(fit_type, tree, attrs)`` with the JSON attributes parsed.
+    """Read and check a fit file; return ``(fit_type, tree)``.
 
     The file is read into memory and closed before it is parsed. Nothing in it is evaluated.
 
@@ -211,8 +212,8 @@ def read_fit_file(path):
         raise FitFileError(f"{path!r} cannot be read as netCDF, it is truncated or corrupted "
                            f"({type(exc).__name__}: {_short(exc)}).") from None
     with refusing(path):
-        kind, attrs = _check_tree(tree)
-    return kind, tree, attrs
+        kind = _check_tree(tree)
+    return kind, tree
 
 
 @contextlib.contextmanager
@@ -276,7 +277,7 @@ def _check_tree(tree):
     for group in ("vbsvm", "vbsvm_state"):
         if group in tree.children:
             _check_numeric(tree[group], group)
-    return kind, attrs
+    return kind
 
 
 def _attribute(value, name, form):
