@@ -103,7 +103,9 @@ def only_vbsvm_errors(operation):
 
 def run_case(df, newdata, formula, options, operation, kind):
     prints = [fingerprint(df), fingerprint(newdata)]
-    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp, only_vbsvm_errors(operation):
+    # svm() itself evaluates the formula it is given (np.savetxt('f', x0) writes 'f'): run in a scratch directory
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp), \
+            only_vbsvm_errors(operation):
         warnings.simplefilter("ignore")
         if operation == "cli":
             path = os.path.join(tmp, "data.csv")
