@@ -16,6 +16,10 @@ so far, with an :class:`~vbsvm.exceptions.InterruptWarning`. Chains of unequal l
 common length, keeping the chains that give the most draws (``k`` chains of ``L`` draws, with
 ``k * L`` largest). Only if no chain has kept a draw yet is the interrupt passed on.
 
+**Checkpoints** (``checkpoint=``): each chain writes its position, state, kept draws and
+generator state to ``<checkpoint>.chain<c>.npz`` at sweep boundaries; a rerun with the same
+arguments resumes every chain and gives the draws of an uninterrupted run.
+
 **Worker processes** (``n_jobs > 1``) are started with the ``fork`` method on Linux: a forked
 worker does not re-import the user's script (``spawn`` and ``forkserver`` re-run a script without
 an ``if __name__ == "__main__":`` guard in every worker, which then fails), and it starts in
