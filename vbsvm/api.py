@@ -7,10 +7,9 @@ import time
 import warnings
 
 import numpy as np
-import xarray as xr
 
 from .design import build_design
-from .exceptions import ConvergenceWarning, DiagnosticWarning, FitFileError, InputError, InputTypeError
+from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError, InputTypeError
 from .inference.ep import fit_calibrated
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
@@ -366,36 +365,44 @@ def _posterior_mode(model: LinearSVMModel, settings):
 def load(path):
     """Load a fit saved with ``fit.save(path)``.
 
+    Loading never runs code from the file: it is read as data (see :mod:`vbsvm.fit_file`), the
+    stored formula must pass :func:`vbsvm.formula_safety.check_formula` before formulaic parses
+    it, and no file handle stays open, whatever the outcome.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A file written by :meth:`vbsvm.results.Fit.save` or :meth:`vbsvm.GPFit.save`.
+
+    Returns
+    -------
+    vbsvm.results.Fit or vbsvm.GPFit
+        The fit, of the class that saved it.
+
     Raises
     ------
     vbsvm.exceptions.FitFileError
-        If the file is missing, not netCDF, or not written by vbsvm.
+        If the file is missing, not netCDF, truncated or corrupted, not written by vbsvm, or holds
+        anything a fit does not (extra groups, attributes of the wrong type, a formula outside the
+        whitelist, inconsistent arrays); the message names the file and the fault.
     """
-    try:
-        dt = xr.open_datatree(path, engine="h5netcdf")
-        dt.load()
-    except FileNotFoundError:
-        raise FitFileError(f"no such file: {path!r}.") from None
-    except Exception as exc:  # h5py/netCDF raise many types for foreign files
-        raise FitFileError(f"{path!r} is not a netCDF file written by vbsvm ({type(exc).__name__}: {exc}).") from None
-    kind = dt.attrs.get("vbsvm_fit_type")
-    if kind == "linear":
-        return Fit.from_datatree(dt)
-    if kind == "selection":
-        from .selection_fit import SelectionFit
+    from .fit_file import check_loaded, read_fit_file, refusing
 
-        return SelectionFit.from_datatree(dt)
-    if kind == "imputed":
-        from .imputed_fit import ImputedFit
+    kind, tree = read_fit_file(path)
+    with refusing(path):
+        if kind == "linear":
+            fit = Fit.from_datatree(tree)
+        elif kind == "selection":
+            from .selection_fit import SelectionFit
 
-        return ImputedFit.from_datatree(dt)
-    if kind == "gpsvm":
-        from .gpfit import GPFit
+            fit = SelectionFit.from_datatree(tree)
+        elif kind == "imputed":
+            from .imputed_fit import ImputedFit
 
-        return GPFit.from_datatree(dt)
-    if kind is None:
-        raise FitFileError(f"{path!r} is a netCDF file but not a vbsvm fit (no 'vbsvm_fit_type' attribute).")
-    from . import __version__
+            fit = ImputedFit.from_datatree(tree)
+        else:
+            from .gpfit import GPFit
 
-    raise FitFileError(f"{path!r} is a vbsvm file of type {kind!r}, which vbsvm {__version__} cannot read; "
-                       "upgrade vbsvm or refit the model.")
+            fit = GPFit.from_datatree(tree)
+        check_loaded(fit)
+    return fit

@@ -44,6 +44,9 @@ formula syntax (R / patsy style):
   y ~ np.log(x1) + I(x2**2)   transformations
   y ~ x1 + (1 | patient)   random intercept per patient (several (1|g) terms allowed)
   y ~ x1 - 1               no intercept
+Only column names, numbers, formula operators and the functions C(), I(), Q(), center(),
+scale(), poly(), bs(), ... and elementwise np.* functions (np.log, np.exp, np.sqrt, ...) are
+accepted: a formula is evaluated as Python, so one from a file or a script is checked first.
 The response must have two values: 0/1, -1/+1, False/True or two labels (the second,
 in sorted order, is coded +1; the summary says which).
 
@@ -147,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("fit", help="fit a model to a CSV file and print its summary (optionally save it)",
                        description="Fit a Bayesian SVM to the data in a CSV file and print the summary table.",
                        epilog=FIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("formula", help='model formula in quotes, e.g. "y ~ x1 + x2 + (1 | group)"')
+    p.add_argument("formula", help='model formula in quotes, e.g. "y ~ x1 + x2 + (1 | group)", or @FILE to '
+                                   'read it from a text file')
     p.add_argument("csv", help="data file: comma-separated, header row, missing values as NA or empty")
     p.add_argument("--method", choices=("vb", "meanfield", "gibbs", "map"), default="vb",
                    help="vb: calibrated fast approximation (EP over a variance grid, default); meanfield: the "
@@ -236,9 +240,25 @@ def _save_plot(obj, path):
 
 
 # ====================================================================== commands
+def _formula(text):
+    """The formula argument, read from a file for ``@FILE``, checked against the whitelist."""
+    from .formula_safety import MAX_FORMULA_LENGTH, check_formula
+
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read(MAX_FORMULA_LENGTH + 1).strip()  # longer is refused below
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CLIError(f"cannot read the formula file {path!r} ({exc})") from None
+        return check_formula(text, what=f"the formula in {path!r}")
+    return check_formula(text)
+
+
 def cmd_fit(args):
     import vbsvm
 
+    formula = _formula(args.formula)
     df = _read_csv(args.csv, args.sep)
     kwargs = {"method": args.method, "penalty": args.penalty, "missing": args.missing, "level": args.level,
               **_sampling_kwargs(args)}
@@ -250,7 +270,7 @@ def cmd_fit(args):
             from .priors import LaplaceZero
         kwargs["prior"] = LaplaceZero() if args.rho is None else LaplaceZero(rho=args.rho)
     try:
-        fit = vbsvm.svm(args.formula, data=df, **kwargs)
+        fit = vbsvm.svm(formula, data=df, **kwargs)
     except ModuleNotFoundError as exc:
         if not str(getattr(exc, "name", "")).startswith("vbsvm"):
             raise

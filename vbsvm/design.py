@@ -27,12 +27,8 @@ The formula follows R/patsy conventions, read by :mod:`formulaic`::
 
 from __future__ import annotations
 
-import base64
-import dataclasses
 import difflib
-import io
 import keyword
-import pickle
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -737,47 +733,21 @@ def _random_effect_terms(re_terms, raw: pd.DataFrame, missing: str) -> list:
 
 # --------------------------------------------------------------------------- serialization
 
-_PICKLE_MODULES = ("formulaic.", "numpy", "pandas")
-_PICKLE_BUILTINS = {"slice", "set", "frozenset", "complex", "range"}
-_PICKLE_OWN = {"Design", "GroupingFactor", "_PlainSpec"}
-
-
-class _DesignUnpickler(pickle.Unpickler):
-    """Unpickler that only builds classes of formulaic, numpy, pandas and this module."""
-
-    def find_class(self, module, name):
-        if (module == "builtins" and name in _PICKLE_BUILTINS) or (module == __name__ and name in _PICKLE_OWN):
-            return super().find_class(module, name)
-        if module.startswith(_PICKLE_MODULES) and not name.startswith("_") or module in (
-                "numpy._core.multiarray", "pandas._libs.arrays", "pandas._libs.internals",
-                "pandas.core.indexes.base"):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"a saved design may not refer to {module}.{name}")
-
 
 def design_to_text(design: Design) -> str:
-    """The design without its training rows (formula spec, levels, standardization), as text.
+    """The design without its training rows (formula, levels, standardization, formulaic's state),
+    as JSON text (see :mod:`vbsvm.design_data`).
 
     Used by fits that do not keep their data (e.g. streamed GP fits) to rebuild
     :meth:`Design.new_X` after :func:`vbsvm.load`.
     """
-    p = design.p
-    small = dataclasses.replace(design, y=np.zeros(0), X=np.zeros((0, p)), raw=design.raw.iloc[:0],
-                                missing_mask=np.zeros((0, p), bool), row_labels=design.row_labels[:0],
-                                groups=[GroupingFactor(g.name, g.levels, np.zeros(0, np.int64)) for g in design.groups])
-    return base64.b64encode(pickle.dumps(small)).decode("ascii")
+    from .design_data import dumps
+
+    return dumps(design)
 
 
 def design_from_text(text: str) -> Design:
-    """Inverse of :func:`design_to_text`; only formulaic/numpy/pandas classes may be rebuilt."""
-    try:
-        obj = _DesignUnpickler(io.BytesIO(base64.b64decode(text.encode("ascii"), validate=True))).load()
-    except Exception as exc:
-        from .exceptions import FitFileError
+    """Inverse of :func:`design_to_text`: plain data, the formula checked, nothing evaluated or unpickled."""
+    from .design_data import loads
 
-        raise FitFileError(f"the saved design cannot be read ({type(exc).__name__}: {exc}).") from None
-    if not isinstance(obj, Design):
-        from .exceptions import FitFileError
-
-        raise FitFileError("the saved design is not a vbsvm Design.")
-    return obj
+    return loads(text)

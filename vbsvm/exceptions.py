@@ -26,8 +26,22 @@ class FitFileError(InputError):
     """A file given to :func:`vbsvm.load` is not a readable vbsvm fit."""
 
 
+class NumericalError(VbsvmError, ArithmeticError):
+    """An update of the fit failed numerically (e.g. the Cholesky factorization of a badly scaled
+    or collinear design); the message says which input to change."""
+
+
+class WorkerError(VbsvmError, RuntimeError):
+    """A worker process (``n_jobs > 1``) died without returning its results."""
+
+
 class ConvergenceWarning(UserWarning):
     """An iterative algorithm stopped before its convergence criterion was met."""
+
+
+class InterruptWarning(ConvergenceWarning):
+    """An algorithm was stopped by Ctrl-C (KeyboardInterrupt); the result is partial
+    (Gibbs: the draws kept so far; VB: the last accepted q, ``converged=False``)."""
 
 
 class DiagnosticWarning(UserWarning):

@@ -718,7 +718,12 @@ class GPFit:
     def save(self, path):
         """Write the fit to netCDF (h5netcdf); reload with ``vbsvm.load`` or
         :meth:`GPFit.from_datatree`."""
-        self.to_arviz(draws=min(1000, 1000), chains=4).to_netcdf(path, engine="h5netcdf")
+        from vbsvm.fit_file import write_atomically
+        from vbsvm.formula_safety import check_formula
+
+        if self.formula is not None:
+            check_formula(self.formula)  # vbsvm.load would refuse the file
+        write_atomically(self.to_arviz(draws=1000, chains=4), path)
 
     @classmethod
     def from_datatree(cls, tree):

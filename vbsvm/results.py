@@ -538,25 +538,44 @@ class Fit:
         return dt
 
     def save(self, path):
-        """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``)."""
-        self.to_arviz().to_netcdf(path, engine="h5netcdf")
+        """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``).
+
+        The file is written atomically (:func:`vbsvm.fit_file.write_atomically`): an interrupted
+        save leaves an existing file at ``path`` as it was. A fit that would not load back the
+        same is not written: one whose formula :func:`vbsvm.load` would refuse (see
+        :mod:`vbsvm.formula_safety`), or whose data has a column mixing text with other types
+        (:func:`vbsvm.fit_file.check_storable`).
+        """
+        from .fit_file import check_settings, check_storable, write_atomically
+
+        check_settings(self.settings)
+        check_storable(self.design.raw)
+        write_atomically(self.to_arviz(), path)
 
     @classmethod
     def from_datatree(cls, dt) -> "Fit":
         """Rebuild a fit from the tree written by :meth:`to_arviz` / :meth:`save`."""
         from .design import build_design
 
+        from .fit_file import check_rebuilt, check_settings
+
         try:
             settings = json.loads(dt.attrs["settings"])
             layout = ThetaLayout.from_dict(json.loads(dt.attrs["layout"]))
             method = dt.attrs["method"]
             info = json.loads(dt.attrs.get("info", "{}"))
-            raw = _dataset_to_frame(dt["constant_data"].to_dataset())
+            data = dt["constant_data"].to_dataset()
+            for var in data.data_vars.values():  # xarray decodes int8 + attrs dtype='bool' itself
+                if var.dtype == bool:
+                    var.attrs.setdefault("dtype", "bool")
+            raw = _dataset_to_frame(data)
             internal = dt["vbsvm"].to_dataset()
-        except (KeyError, ValueError, TypeError) as exc:
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise FitFileError(f"the file is not a complete vbsvm linear fit ({exc}).") from None
+        check_settings(settings)  # the formula is checked before formulaic sees it
         design = build_design(settings["formula"], raw, standardize=settings["standardize"],
                               missing=settings["missing"])
+        check_rebuilt(design, layout, dt["observed_data"]["y"].values)
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
 

@@ -17,6 +17,11 @@ the ELBO trace of accepted iterates never decreases.
 
 Convergence: relative ELBO change between accepted iterates below ``tol``. Non-convergence
 after ``max_iter`` sweeps issues :class:`~vbsvm.exceptions.ConvergenceWarning`.
+
+Ctrl-C (:class:`KeyboardInterrupt`) stops the iterations and returns the last accepted iterate
+(``converged=False``, ``info["interrupted"] = True``) with an
+:class:`~vbsvm.exceptions.InterruptWarning`; only an interrupt during the first sweep, before
+any q exists, is passed on.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..exceptions import ConvergenceWarning
+from ..exceptions import ConvergenceWarning, InterruptWarning
+from .failures import numerical_failures
 from .threads import limit_blas
 
 __all__ = ["VBResult", "coordinate_ascent"]
@@ -79,8 +85,13 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
     Returns
     -------
     VBResult
+
+    Raises
+    ------
+    vbsvm.exceptions.NumericalError
+        If a (non-extrapolated) sweep fails numerically, e.g. a Cholesky factorization.
     """
-    with limit_blas(getattr(model, "blas_work", 0.0)):
+    with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures("variational Bayes"):
         return _coordinate_ascent(model, tol, max_iter, accelerate, state)
 
 
@@ -89,40 +100,54 @@ def _coordinate_ascent(model, tol, max_iter, accelerate, state):
     x = model.vb_initial_state() if state is None else np.asarray(state, dtype=float)
     x, q, value = model.vb_sweep(x)
     trace = [value]
+    # the last accepted iterate and the length of its ELBO trace: replaced by one assignment, so
+    # that Ctrl-C never finds it half updated
+    accepted_iterate = (x, q, 1)
     sweeps, accepted = 1, 0
-    converged = False
-    while sweeps < max_iter:
-        x1, q1, e1 = model.vb_sweep(x)
-        sweeps += 1
-        candidate = (x1, q1, e1)
-        if accelerate and sweeps < max_iter:
-            x2, q2, e2 = model.vb_sweep(x1)
+    converged = interrupted = False
+    try:
+        while sweeps < max_iter:
+            x = accepted_iterate[0]
+            x1, q1, e1 = model.vb_sweep(x)
             sweeps += 1
-            candidate = (x2, q2, e2)
-            r = x1 - x
-            v = x2 - x1 - r
-            nv = np.linalg.norm(v)
-            if nv > 0 and np.all(np.isfinite(v)):
-                step = -np.linalg.norm(r) / nv
-                while step < -1.0 and sweeps < max_iter:
-                    proposal = x - 2.0 * step * r + step * step * v
-                    with np.errstate(all="ignore"):
-                        try:
-                            x3, q3, e3 = model.vb_sweep(proposal)
-                        except (np.linalg.LinAlgError, FloatingPointError, ValueError):
-                            x3, q3, e3 = None, None, -np.inf
-                    sweeps += 1
-                    if np.isfinite(e3) and e3 >= e2:
-                        candidate = (x3, q3, e3)
-                        accepted += 1
-                        break
-                    step = (step - 1.0) / 2.0
-        x, q, value_new = candidate
-        trace.append(value_new)
-        if abs(trace[-1] - trace[-2]) <= tol * max(abs(trace[-1]), 1.0):
-            converged = True
-            break
-    if not converged:
+            candidate = (x1, q1, e1)
+            if accelerate and sweeps < max_iter:
+                x2, q2, e2 = model.vb_sweep(x1)
+                sweeps += 1
+                candidate = (x2, q2, e2)
+                r = x1 - x
+                v = x2 - x1 - r
+                nv = np.linalg.norm(v)
+                if nv > 0 and np.all(np.isfinite(v)):
+                    step = -np.linalg.norm(r) / nv
+                    while step < -1.0 and sweeps < max_iter:
+                        proposal = x - 2.0 * step * r + step * step * v
+                        with np.errstate(all="ignore"):
+                            try:
+                                x3, q3, e3 = model.vb_sweep(proposal)
+                            except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+                                x3, q3, e3 = None, None, -np.inf
+                        sweeps += 1
+                        if np.isfinite(e3) and e3 >= e2:
+                            candidate = (x3, q3, e3)
+                            accepted += 1
+                            break
+                        step = (step - 1.0) / 2.0
+            trace.append(candidate[2])
+            accepted_iterate = (candidate[0], candidate[1], len(trace))
+            if abs(trace[-1] - trace[-2]) <= tol * max(abs(trace[-1]), 1.0):
+                converged = True
+                break
+    except KeyboardInterrupt:
+        interrupted = True
+    x, q, n_trace = accepted_iterate
+    del trace[n_trace:]
+    if interrupted:
+        warnings.warn(
+            f"variational Bayes was interrupted (KeyboardInterrupt) after {sweeps} sweeps: returning the last "
+            "accepted q (converged=False); rerun to convergence before drawing conclusions.",
+            InterruptWarning, stacklevel=4)
+    elif not converged:
         warnings.warn(
             f"variational Bayes did not converge in {max_iter} sweeps (last relative ELBO change "
             f"{abs(trace[-1] - trace[-2]) / max(abs(trace[-1]), 1.0):.2e} > tol={tol:g}); "
@@ -130,5 +155,6 @@ def _coordinate_ascent(model, tol, max_iter, accelerate, state):
             ConvergenceWarning,
             stacklevel=4,
         )
-    return VBResult(q=q, state=x, elbo=np.asarray(trace), converged=converged, n_sweeps=sweeps,
-                    seconds=time.perf_counter() - start, info={"extrapolations_accepted": accepted})
+    return VBResult(q=q, state=x, elbo=np.asarray(trace), converged=converged and not interrupted,
+                    n_sweeps=sweeps, seconds=time.perf_counter() - start,
+                    info={"extrapolations_accepted": accepted, "interrupted": interrupted})
