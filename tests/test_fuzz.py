@@ -189,9 +189,6 @@ def test_found_by_fuzzing_badly_scaled_design_is_a_vbsvm_error():
 
 # Escapes found by the slow fuzz suite in code outside the fit-file/engine modules; each test
 # turns into an (intended) failure once the fix described in its reason is made.
-@pytest.mark.xfail(strict=True, raises=np.linalg.LinAlgError,
-                   reason="api._posterior_on_original_scale: wrap _posterior_mode(...) in "
-                          "vbsvm.inference.failures.numerical_failures('EM for the posterior mode')")
 def test_found_by_fuzzing_badly_scaled_design_under_map():
     df = pd.DataFrame({"y": [False] * 18 + [True], "x0": [0] * 5 + [1] + [0] * 13,
                        "x2": [0] * 5 + [94906266] + [0] * 13})
@@ -201,9 +198,6 @@ def test_found_by_fuzzing_badly_scaled_design_under_map():
             fit("y ~ x0 * x2", df, {"method": "map", "penalty": "auto", "missing": "drop", "standardize": False})
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="imputed_fit.imputed_table/_imputation_parameter_summaries: reshape(-1, 0) fails "
-                          "when no cell is missing; reshape to (chains * draws, m) explicitly")
 def test_found_by_fuzzing_gibbs_imputation_without_missing_cells():
     df = pd.DataFrame({"y": [0] * 19 + [1], "x0": [0] * 19 + [1]})
     with warnings.catch_warnings():

@@ -56,4 +56,4 @@ def test_map_with_inferred_penalty_and_groups_runs():
     assert np.isfinite(fit.coef["mean"]).all()
     assert np.isnan(fit.coef["sd"]).all()
     with pytest.raises(vbsvm.exceptions.InputError, match="prob"):
-        fit.predict(df, kind="prob")
+        fit.predict(df, kind="prob_positive")

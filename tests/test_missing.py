@@ -656,7 +656,7 @@ def test_predict_vb_integrates_over_missing_entries(fits, logdata):
         var = x @ V @ x + beta[1 + miss] @ cv @ beta[1 + miss] + np.sum(V[np.ix_(1 + miss, 1 + miss)] * cv)
         assert score["mean"].iloc[i] == pytest.approx(mean, rel=1e-9)
         assert score["sd"].iloc[i] == pytest.approx(np.sqrt(var), rel=1e-9)
-    prob = fit.predict(new, kind="prob")
+    prob = fit.predict(new, kind="prob_positive")
     np.testing.assert_allclose(prob, stats.norm.cdf(score["mean"] / score["sd"]))
     assert set(fit.predict(new).unique()) <= {0, 1}
 
@@ -667,7 +667,7 @@ def test_predict_gibbs_integrates_over_missing_entries(fits, logdata):
     new["chol"] = np.nan
     new.iloc[:2, new.columns.get_loc("x2")] = np.nan
     score = fit.predict(new, kind="score")
-    prob = fit.predict(new, kind="prob")
+    prob = fit.predict(new, kind="prob_positive")
     # Monte Carlo: per draw, x_M | x_O ~ N under (mu, Sigma) of that draw
     rng = np.random.default_rng(0)
     theta = fit._theta_draws()

@@ -11,6 +11,7 @@ import numpy as np
 from .design import build_design
 from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError, InputTypeError
 from .inference.ep import fit_calibrated
+from .inference.failures import numerical_failures
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
@@ -284,7 +285,8 @@ def _posterior_on_original_scale(model, settings, M, info):
     """Run the method in ``settings`` and return the posterior on the original predictor scale."""
     method, seed = settings["method"], settings["seed"]
     if method == "vb" and settings.get("approximation") == "calibrated" and not model.covariance_components:
-        posterior = fit_calibrated(model, settings, M)
+        with numerical_failures("expectation propagation"):
+            posterior = fit_calibrated(model, settings, M)
         info.update(posterior.pop("info"), approximation=APPROXIMATIONS["calibrated"], converged=True)
         return posterior
     if method == "vb":
@@ -325,7 +327,8 @@ def _posterior_on_original_scale(model, settings, M, info):
             posterior["cov_draws"] = res.draws["cov"]
         info.update(seconds=res.seconds)
     else:
-        theta, sigma2, covs, converged, n_iter, seconds = _posterior_mode(model, settings)
+        with numerical_failures("EM for the posterior mode"):
+            theta, sigma2, covs, converged, n_iter, seconds = _posterior_mode(model, settings)
         theta = theta.copy()
         theta[: model.qd] = M @ theta[: model.qd]
         posterior = {"theta_mode": theta, "sigma2_mode": sigma2}

@@ -352,11 +352,14 @@ def _check_layout(layout):
         return isinstance(v, list) and all(isinstance(s, str) for s in v)
 
     groups = layout.get("groups")
+    columns = layout.get("re_columns", {})
     ok = (names(layout.get("fixed")) and names(layout.get("variances")) and _is_int(layout.get("n_dense"))
           and (layout.get("sparse_group") is None or layout.get("sparse_group") in (groups or {}))
-          and isinstance(groups, dict)
+          and isinstance(groups, dict) and isinstance(columns, dict)
+          and all(names(c) and c for c in columns.values()) and names(layout.get("covariances", []))
           and all(isinstance(g, list) and len(g) == 2 and isinstance(g[0], list) and isinstance(g[1], list)
-                  and len(g[0]) == len(g[1]) and all(_is_int(i) for i in g[1]) for g in groups.values()))
+                  and len(g[0]) * len(columns.get(k, ["Intercept"])) == len(g[1])
+                  and all(_is_int(i) for i in g[1]) for k, g in groups.items()))
     if not ok:
         raise FitFileError("the attribute 'layout' does not describe the coefficients (fixed, groups, n_dense, "
                            "sparse_group, variances).")

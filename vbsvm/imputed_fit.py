@@ -93,7 +93,8 @@ class ImputedFit(Fit):
             z = stats.norm.ppf(hi_q)
             lo, hi = mean - z * sd, mean + z * sd
         else:
-            d = np.asarray(P["x_missing_draws"]).reshape(-1, rows.size)
+            draws = np.asarray(P["x_missing_draws"])
+            d = draws.reshape(draws.shape[0] * draws.shape[1], rows.size)
             mean = d.mean(axis=0)
             sd = d.std(axis=0, ddof=1) if d.shape[0] > 1 else np.full(rows.size, np.nan)
             lo, hi = np.quantile(d, lo_q, axis=0), np.quantile(d, hi_q, axis=0)
@@ -123,8 +124,9 @@ class ImputedFit(Fit):
             df = float(P["Sigma_df"])
             Sigma = P["Sigma_scale"] / (df - d - 1) if df > d + 1 else P["Sigma_scale"] / df
             return (P["mu_mean"], np.sqrt(np.diag(P["mu_cov"]))), Sigma
-        mu = np.asarray(P["mu_draws"]).reshape(-1, P["mu_draws"].shape[-1])
-        S = np.asarray(P["Sigma_draws"]).reshape(-1, *P["Sigma_draws"].shape[-2:])
+        mu = np.asarray(P["mu_draws"])
+        S = np.asarray(P["Sigma_draws"])
+        mu, S = mu.reshape(mu.shape[0] * mu.shape[1], *mu.shape[2:]), S.reshape(S.shape[0] * S.shape[1], *S.shape[2:])
         return (mu.mean(axis=0), mu.std(axis=0, ddof=1) if mu.shape[0] > 1 else np.full(mu.shape[1], np.nan)), S.mean(axis=0)
 
     # ------------------------------------------------------------------ summary
