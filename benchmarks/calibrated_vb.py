@@ -9,7 +9,7 @@ seed 1; ``--thin`` 5 for the slowly mixing problems, see ``THIN``):
 * ``ep_raw``: the same without the marginal correction;
 * ``vb_grid``: mean-field VB at fixed variances, integrated over a grid of log sigma2 (61 points,
   the EP mode +- 3) with weights ``exp(ELBO) x prior``;
-* ``meanfield``: the paper's algorithm (``method="vb"`` of the package at the time of writing);
+* ``meanfield``: the paper's algorithm (``method="meanfield"``);
 * ``meanfield_lr``: its means with the linear-response sds.
 
 Problems: toenail random intercepts (``penalty=None``); heart, diabetis, german, spam and the
@@ -156,8 +156,11 @@ def run_meanfield(name, lr=False):
     formula, loader, penalty = PROBLEMS[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        fit = vbsvm.svm(formula, data=loader(), penalty=penalty, seed=1, chains=4, draws=1000)
+        fit = vbsvm.svm(formula, data=loader(), penalty=penalty, seed=1, chains=4, draws=1000,
+                        method="meanfield")
         coef = fit.coef
+        if lr:
+            coef = coef.assign(sd_lr=vbsvm.linear_response(fit).sd.to_numpy()[: len(coef)])
     vc = fit.varcomp()
     vc = vc.loc[[i for i in vc.index if i.startswith("sigma2")]]
     return {"mean": coef["mean"].to_numpy(), "sd": (coef["sd_lr"] if lr else coef["sd"]).to_numpy(),

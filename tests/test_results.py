@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from scipy import stats
 
 import vbsvm
 from vbsvm.exceptions import DiagnosticWarning, FitFileError, InputError
@@ -75,12 +76,24 @@ def test_vb_score_matches_its_own_draws(fits, grouped):
 
 
 def test_unseen_group_predicts_at_population_level(fits, grouped):
+    """new_levels: 'zero' (lme4 re.form=NA, warns), 'integrate' (default: the group variance is
+    added to the score's variance, brms sample_new_levels), 'error'."""
     new = grouped.iloc[:3].copy()
     new["group"] = [1000, 1001, 1002]
-    with pytest.warns(DiagnosticWarning, match="not seen"):
-        s = fits["vb"].predict(new, kind="score")
-    X = fits["vb"].design.new_X(new, standardized=False)
-    np.testing.assert_allclose(s["mean"], X @ fits["vb"].coef["mean"].to_numpy())
+    for method in ("vb", "gibbs"):
+        fit = fits[method]
+        with pytest.warns(DiagnosticWarning, match="not seen"):
+            zero = fit.predict(new, kind="score", new_levels="zero")
+        X = fit.design.new_X(new, standardized=False)
+        np.testing.assert_allclose(zero["mean"], X @ fit.coef["mean"].to_numpy())
+        integ = fit.predict(new, kind="score")
+        np.testing.assert_allclose(integ["mean"], zero["mean"])
+        s2 = fit.varcomp().loc["sigma2_group", "mean"]
+        np.testing.assert_allclose(integ["sd"] ** 2, zero["sd"] ** 2 + s2)
+        p = fit.predict(new, kind="prob")
+        np.testing.assert_allclose(p, stats.norm.cdf(integ["mean"] / np.sqrt(1 + integ["sd"] ** 2)))
+        with pytest.raises(InputError, match="new_levels"):
+            fit.predict(new, new_levels="error")
 
 
 def test_summary_formats(fits):

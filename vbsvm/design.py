@@ -274,9 +274,13 @@ class Design:
             X = (X - self.center) / self.scale
         return np.asfortranarray(X)
 
-    def new_random_effects(self, newdata) -> list:
+    def new_random_effects(self, newdata, new_levels="zero") -> list:
         """``(codes, Z)`` of each random-effect term in ``newdata``: level codes (-1 for levels
-        not seen in training, with a warning) and the term's column values, shape (n, q)."""
+        not seen in training) and the term's column values, shape (n, q).
+
+        ``new_levels``: what a level not seen in training means — ``"zero"`` (random effect 0,
+        with a warning), ``"integrate"`` (the caller averages over the group's distribution; no
+        warning) or ``"error"`` (:class:`~vbsvm.exceptions.InputError`)."""
         out = []
         for g in self.groups:
             absent = [c for c in (list(g.factor) or [g.name]) if c not in newdata.columns]
@@ -287,7 +291,14 @@ class Design:
                     "with a fit that has no random effects."
                 )
             c = g.encode(g.level_keys(newdata))
-            if (c < 0).any():
+            if (c < 0).any() and new_levels == "error":
+                unseen = pd.unique(np.asarray(g.level_keys(newdata), dtype=object)[c < 0]).tolist()
+                raise InputError(
+                    f"newdata has level(s) {unseen[:5]} of {g.name!r} not seen in training; pass "
+                    "new_levels='integrate' (average over the group's distribution, like brms' "
+                    "sample_new_levels) or new_levels='zero' (lme4's re.form=NA for those rows), or drop them."
+                )
+            if (c < 0).any() and new_levels == "zero":
                 warnings.warn(
                     f"{int((c < 0).sum())} row(s) of newdata have a level of {g.name!r} not seen "
                     "in training; their random effect is set to 0 (population-level prediction).",

@@ -275,9 +275,9 @@ class ImputedFit(Fit):
         return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
 
     # ------------------------------------------------------------------ prediction
-    def _new_rows(self, newdata, allow_missing=True):
+    def _new_rows(self, newdata, allow_missing=True, new_levels="zero"):
         """As :meth:`Fit._new_rows`, keeping rows with missing predictors (NaN entries)."""
-        return super()._new_rows(newdata, allow_missing=allow_missing)
+        return super()._new_rows(newdata, allow_missing=allow_missing, new_levels=new_levels)
 
     def _patterns(self, dense):
         """Groups of rows of ``dense`` sharing a missingness pattern among the imputation columns."""
@@ -290,8 +290,8 @@ class ImputedFit(Fit):
         inverse = np.asarray(inverse).ravel()
         return [(rows[inverse == k], np.flatnonzero(pat), np.flatnonzero(~pat)) for k, pat in enumerate(uniq)]
 
-    def predict_score(self, newdata):
-        """Mean and sd of the score ``f(x)`` for each row of ``newdata``.
+    def _score_moments(self, dense, sc):
+        """Mean and sd of the score of new rows.
 
         Rows with missing predictors: the score is integrated over the conditional distribution
         of the missing entries given the observed ones under the fitted imputation model
@@ -299,13 +299,10 @@ class ImputedFit(Fit):
         ``E_q[mu]`` and the precision ``E_q[Sigma^{-1}]``, the mean and variance of the score
         being exact under q for that plug-in).
         """
-        dense, sc = self._new_rows(newdata)
         if self.method == "vb":
             mean, var = self._vb_score(dense, sc)
-            sd = np.sqrt(np.maximum(var, 0.0))
-        else:
-            mean, sd, _ = self._score_draw_stats(dense, sc)
-        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+            return mean, np.sqrt(np.maximum(var, 0.0))
+        return self._score_draw_stats(dense, sc)[:2]
 
     def _vb_score(self, dense, sc):
         P, lay = self.posterior, self.layout

@@ -285,7 +285,7 @@ class Fit:
             )
 
     # ------------------------------------------------------------------ prediction
-    def _new_rows(self, newdata, allow_missing=False):
+    def _new_rows(self, newdata, allow_missing=False, new_levels="zero"):
         """Dense design rows (fixed effects and the smaller random-effect terms' columns) on the
         original scale, and ``(codes, Z)`` of the eliminated term (codes -1 for unseen levels)."""
         X = self.design.new_X(newdata, standardized=False, allow_missing=allow_missing)
@@ -293,7 +293,7 @@ class Fit:
         n = X.shape[0]
         dense = np.zeros((n, lay.n_dense))
         dense[:, : lay.p] = X
-        terms = self.design.new_random_effects(newdata) if lay.groups else []
+        terms = self.design.new_random_effects(newdata, new_levels) if lay.groups else []
         sparse = None
         for g, (c, Z) in zip(self.design.groups, terms):
             levels, ix = lay.groups[g.name]
@@ -306,9 +306,38 @@ class Fit:
                     dense[seen, ix[c[seen] * q + j]] = Z[seen, j]
         return dense, sparse
 
-    def predict_score(self, newdata):
-        """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame)."""
-        dense, sc = self._new_rows(newdata)
+    def new_level_variance(self, newdata) -> np.ndarray:
+        """Variance each row of ``newdata`` gains from the random effects of levels not seen in
+        training, averaged over the group's distribution: ``z' E[Sigma_k] z`` summed over terms
+        (``E[sigma2_k] z^2`` for a one-column term), 0 for seen levels."""
+        extra = np.zeros(len(newdata))
+        if not self.layout.groups:
+            return extra
+        covs = self._covariance_draws()
+        vc = self.varcomp()
+        for g, (codes, Z) in zip(self.design.groups, self.design.new_random_effects(newdata, "integrate")):
+            new = codes < 0
+            if not new.any():
+                continue
+            if g.name in covs:
+                S = covs[g.name].mean(axis=0)
+                extra[new] += np.einsum("ij,jk,ik->i", Z[new], S, Z[new])
+            else:
+                extra[new] += vc.loc[f"sigma2_{g.name}", "mean"] * Z[new, 0] ** 2
+        return extra
+
+    def predict_score(self, newdata, new_levels="integrate"):
+        """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame); rows of a
+        level not seen in training are handled as ``new_levels`` says (see :meth:`predict`)."""
+        _check_new_levels(new_levels)
+        mean, sd = self._score_moments(*self._new_rows(newdata, new_levels=new_levels))
+        if new_levels == "integrate":
+            sd = np.sqrt(np.nan_to_num(sd) ** 2 + self.new_level_variance(newdata))
+        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+
+    def _score_moments(self, dense, sc):
+        """Posterior mean and sd of the score of new rows (dense part, eliminated term's
+        ``(codes, Z)``); NaN sds for a mode."""
         lay = self.layout
         if self.method == "vb":
             mean, var = self._vb_score_moments(dense, sc)
@@ -319,7 +348,7 @@ class Fit:
             th = self.posterior["theta_mode"]
             mean = add_sparse_score((dense @ th[: lay.n_dense])[None], th[None, lay.n_dense:], sc)[0]
             sd = np.full(mean.shape, np.nan)
-        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+        return mean, sd
 
     def _sparse_blocks(self) -> np.ndarray:
         """Marginal covariance blocks (m, q, q) of the eliminated term under the VB q."""
@@ -358,7 +387,7 @@ class Fit:
             pos[sl] = (f > 0).mean(0)
         return mean, sd, pos
 
-    def predict(self, newdata=None, kind="class"):
+    def predict(self, newdata=None, kind="class", new_levels="integrate"):
         """Predict new data.
 
         Parameters
@@ -375,6 +404,11 @@ class Fit:
             ``Phi(f(x))`` at the mode); ``"prob_positive"``: ``P(f(x) > 0 | data)``, how sure the
             posterior is of the side of the boundary (not a class frequency); ``"score"``:
             DataFrame with the mean and sd of the score.
+        new_levels : {"integrate", "zero", "error"}
+            Rows whose grouping level was not seen in training: ``"integrate"`` (default) averages
+            over the group's distribution (the score's variance gains ``z' E[Sigma] z``, as brms'
+            ``sample_new_levels``; the mean is the population-level one), ``"zero"`` sets their
+            random effect to 0 (lme4's ``re.form = NA`` for those rows; warns), ``"error"`` raises.
 
         Returns
         -------
@@ -384,7 +418,7 @@ class Fit:
             raise InputError(f"kind must be 'class', 'prob', 'prob_positive' or 'score'; got {kind!r}.")
         if newdata is None:
             newdata = self.design.raw
-        score = self.predict_score(newdata)
+        score = self.predict_score(newdata, new_levels=new_levels)
         if kind == "score":
             return score
         name = f"P({self.design.response}={self.design.positive_level!r})"
@@ -404,7 +438,7 @@ class Fit:
             with np.errstate(divide="ignore", invalid="ignore"):
                 prob = stats.norm.cdf(m / sd)
         else:
-            dense, sc = self._new_rows(newdata)
+            dense, sc = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
             prob = self._score_draw_stats(dense, sc)[2]
         return pd.Series(prob, index=newdata.index, name=f"P(score > 0) for {name}")
 
@@ -599,6 +633,11 @@ def diagnostics_table(post: xr.Dataset) -> pd.DataFrame:
         else:
             names.append(var)
     return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
+
+
+def _check_new_levels(new_levels):
+    if new_levels not in ("integrate", "zero", "error"):
+        raise InputError(f"new_levels must be 'integrate', 'zero' or 'error'; got {new_levels!r}.")
 
 
 def _draw_summary(d, lo_q, hi_q, mode_only=False):
