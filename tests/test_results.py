@@ -193,3 +193,22 @@ def test_bad_arguments(grouped):
     fit = vbsvm.svm("y ~ time", data=grouped)
     with pytest.raises(InputError, match="kind"):
         fit.predict(grouped, kind="probability")
+
+
+def test_log_likelihood_group_makes_loo_and_compare_work(fits, tmp_path):
+    """Pointwise log likelihood: the hinge likelihood normalised over y (sums to 1 over y), one
+    value per draw and row; az.loo and az.compare run on it; save() leaves it out."""
+    from vbsvm.results import pointwise_log_likelihood
+
+    F = np.linspace(-3, 3, 13)
+    np.testing.assert_allclose(np.exp(pointwise_log_likelihood(1.0, F)) + np.exp(pointwise_log_likelihood(-1.0, F)), 1.0)
+    trees = {m: fits[m].to_arviz() for m in ("vb", "gibbs")}
+    ll = trees["gibbs"]["log_likelihood"]["y"]
+    assert ll.dims == ("chain", "draw", "obs") and ll.shape[2] == fits["gibbs"].n_obs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loo = az.loo(trees["gibbs"])
+        table = az.compare(trees)
+    assert np.isfinite(loo.elpd) and list(table.index)[0] in trees
+    fits["gibbs"].save(tmp_path / "g.nc")
+    assert "log_likelihood" not in xr.open_datatree(tmp_path / "g.nc", engine="h5netcdf").children

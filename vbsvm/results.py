@@ -540,14 +540,17 @@ class Fit:
         ds = xr.Dataset(data, coords={"chain": np.arange(theta.shape[0]), "draw": np.arange(theta.shape[1]), **coords})
         return ds
 
-    def to_arviz(self):
+    def to_arviz(self, log_likelihood=True):
         """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
         Groups: ``posterior`` (``beta`` with dim ``coef``, ``sigma2_u``, ``b_<group>``,
         ``sigma2_<group>``; VB fits hold iid draws from q with the same (chain, draw) shape as
         the Gibbs default and q's parameters in the group's attrs), ``sample_stats`` (Gibbs:
-        ``log_pseudo_likelihood`` per draw; VB: the ``elbo`` trace), ``observed_data`` (``y`` in
-        {-1, +1}) and ``constant_data`` (the raw columns the formula uses).
+        ``log_pseudo_likelihood`` per draw; VB: the ``elbo`` trace), ``log_likelihood`` (``y``:
+        the pointwise log likelihood of each draw, see :func:`pointwise_log_likelihood`; with
+        ``log_likelihood=True``, so that ``arviz.loo`` and ``arviz.compare`` work; :meth:`save`
+        leaves it out), ``observed_data`` (``y`` in {-1, +1}) and ``constant_data`` (the raw
+        columns the formula uses).
         """
         post = self._posterior_dataset()
         post.attrs.update({"method": self.method, "scale": "original predictor scale",
@@ -560,6 +563,14 @@ class Fit:
             tree["sample_stats"] = xr.Dataset({"log_pseudo_likelihood": (("chain", "draw"), self.posterior["log_pseudo_likelihood"])})
         elif self.method == "vb":
             tree["sample_stats"] = xr.Dataset({"elbo": (("iteration",), self.posterior["elbo"])})
+        if log_likelihood and self.method != "map":
+            theta = self._draws()[0]
+            dense, sc = self._new_rows(self.design.raw, new_levels="zero")
+            nd = self.layout.n_dense
+            F = np.stack([add_sparse_score(t[:, :nd] @ dense.T, t[:, nd:], sc) for t in theta])
+            tree["log_likelihood"] = xr.Dataset(
+                {"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
+                attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}"})
         tree["observed_data"] = xr.Dataset({"y": (("obs",), self.design.y)})
         tree["constant_data"] = _frame_to_dataset(self.design.raw)
         tree["vbsvm"] = xr.Dataset({k: (tuple(f"{k}_dim{i}" for i in range(np.ndim(v))), np.asarray(v))
@@ -584,7 +595,7 @@ class Fit:
 
         check_settings(self.settings)
         check_storable(self.design.raw)
-        write_atomically(self.to_arviz(), path)
+        write_atomically(self.to_arviz(log_likelihood=False), path)
 
     @classmethod
     def from_datatree(cls, dt) -> "Fit":
@@ -633,6 +644,18 @@ def diagnostics_table(post: xr.Dataset) -> pd.DataFrame:
         else:
             names.append(var)
     return pd.DataFrame(cols, index=pd.Index(names, name="parameter"))
+
+
+def pointwise_log_likelihood(y, F) -> np.ndarray:
+    """``log p(y_i | f_i)`` of the hinge likelihood normalised over ``y`` in {-1, +1},
+    ``exp(-2 (1 - y f)_+) / (exp(-2 (1 - f)_+) + exp(-2 (1 + f)_+))``, for scores ``F`` (..., n).
+
+    The SVM pseudo-likelihood itself is not normalised in y; this is the normalisation that makes
+    each observation's term a probability, so that PSIS-LOO (``arviz.loo``) and model comparison
+    (``arviz.compare``) have a proper predictive density to work with.
+    """
+    own = -2.0 * np.maximum(0.0, 1.0 - y * F)
+    return own - np.logaddexp(-2.0 * np.maximum(0.0, 1.0 - F), -2.0 * np.maximum(0.0, 1.0 + F))
 
 
 def _check_new_levels(new_levels):
