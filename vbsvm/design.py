@@ -614,14 +614,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         names = spec.column_names
         X = spec.matrix(raw)
     else:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                mm = formulaic.model_matrix(rhs_formula, raw, na_action="ignore")
-        except FactorEvaluationError as exc:
-            raise FormulaError(f"cannot evaluate a term of {formula!r}: {exc}") from None
-        except FormulaicError as exc:
-            raise FormulaError(f"cannot parse the formula {formula!r}: {exc}") from None
+        mm = _model_matrix(rhs_formula, raw, f"the formula {formula!r}")
         spec = mm.model_spec
         names = [str(c) for c in mm.columns]
         X = np.array(mm, dtype=float)
@@ -695,6 +688,18 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     )
 
 
+def _model_matrix(rhs: str, raw: pd.DataFrame, what: str):
+    """formulaic's model matrix of ``rhs`` (rows with missing values kept); errors name ``what``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return formulaic.model_matrix(rhs, raw, na_action="ignore")
+    except FactorEvaluationError as exc:
+        raise FormulaError(f"cannot evaluate a term of {what}: {exc}") from None
+    except FormulaicError as exc:
+        raise FormulaError(f"cannot parse {what}: {exc}") from None
+
+
 def _required_columns(rhs: str, columns, exclude) -> set:
     """Columns of the data that the formula part ``rhs`` uses."""
     needed = set(formulaic.Formula(rhs).required_variables)
@@ -713,12 +718,7 @@ def _random_effect_terms(re_terms, raw: pd.DataFrame, missing: str) -> list:
     for re_lhs, factor, text, split in re_terms:
         spec, cols, Z = None, ["Intercept"], None
         if re_lhs != "1":
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", FutureWarning)
-                    mm = formulaic.model_matrix(re_lhs, raw, na_action="ignore")
-            except FormulaicError as exc:
-                raise FormulaError(f"cannot evaluate the random-effect term {text!r}: {exc}") from None
+            mm = _model_matrix(re_lhs, raw, f"the random-effect term {text!r}")
             spec, cols, Z = mm.model_spec, [str(c) for c in mm.columns], np.array(mm, dtype=float)
             if not cols:
                 raise FormulaError(f"the random-effect term {text!r} has no columns; write (1 | g) for "
