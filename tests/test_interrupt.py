@@ -295,3 +295,17 @@ def test_checkpoint_of_another_run_is_refused(tmp_path):
         run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=1, progress=False)
     with pytest.raises(InputError, match="needs a seed"):
         run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=None, progress=False)
+
+
+def test_svm_checkpoint_argument_gives_the_uninterrupted_draws(tmp_path):
+    """svm(checkpoint=...) reaches run_chains: same draws as a run without it."""
+    import vbsvm
+
+    df = vbsvm.datasets.simulate_grouped(12, 5, seed=1)
+    kw = dict(method="gibbs", draws=60, tune=30, chains=2, seed=3, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = vbsvm.svm("y ~ time + (1 | group)", df, checkpoint=tmp_path / "ck", **kw)
+        b = vbsvm.svm("y ~ time + (1 | group)", df, **kw)
+    np.testing.assert_array_equal(a.posterior["theta_draws"], b.posterior["theta_draws"])
+    assert a.settings["checkpoint"] == str(tmp_path / "ck")
