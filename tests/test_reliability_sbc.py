@@ -40,6 +40,7 @@ from scipy import stats
 import vbsvm.models.hinge as hinge
 from vbsvm.distributions import InverseGamma
 from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.selection import LaplaceZeroModel
 from test_reliability_helpers import sbc_rank, uniformity_pvalue
 from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
@@ -54,13 +55,14 @@ def known_weights(w):
     sweep's moves on the marginal pseudo-posterior (they target the hinge posterior with w
     integrated out, not the working-likelihood posterior given w that SBC checks here; they are
     checked exactly in test_reliability_exact.py and against independent samplers)."""
-    original, moves = hinge.sample_inverse, LinearSVMModel.marginal_moves
+    original, moves, swaps = hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves
     hinge.sample_inverse = lambda y, f, rng: np.array(w, copy=True)
     LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng: (theta, f, sigma2)
+    LaplaceZeroModel.swap_moves = lambda self, theta, gamma, b, f, rng: (theta, gamma, b, f)
     try:
         yield
     finally:
-        hinge.sample_inverse, LinearSVMModel.marginal_moves = original, moves
+        hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves = original, moves, swaps
 
 
 def _check(name, ranks, L, bins):

@@ -223,8 +223,9 @@ class ImputedFit(Fit):
             "imp_col": np.asarray(imp, dtype=object), "imp_col_bis": np.asarray(imp, dtype=object),
         })
 
-    def to_arviz(self):
-        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
+    def to_arviz(self, log_likelihood=False):
+        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout (no ``log_likelihood``
+        group yet: the likelihood of an incomplete row needs the imputation integrated out).
 
         As :meth:`vbsvm.results.Fit.to_arviz`, with ``x_missing`` (dim ``missing_cell``, labelled
         ``"<row>, <column>"`` with coordinates ``missing_row`` and ``missing_column``; original
@@ -232,7 +233,7 @@ class ImputedFit(Fit):
         ``imp_col_bis``) in the posterior group. The root attribute ``vbsvm_fit_type`` is
         ``"imputed"``.
         """
-        dt = super().to_arviz()
+        dt = super().to_arviz(log_likelihood=False)
         dt.attrs["vbsvm_fit_type"] = FIT_TYPE
         post = dt["posterior"]
         attrs = dict(post.attrs)

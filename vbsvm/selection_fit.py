@@ -250,7 +250,7 @@ class SelectionFit(Fit):
                                    coords={"coef_selectable": self.selectable})
         return ds
 
-    def to_arviz(self):
+    def to_arviz(self, log_likelihood=True):
         """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
         As :meth:`vbsvm.results.Fit.to_arviz`; ``beta`` holds the effective coefficients
@@ -258,7 +258,7 @@ class SelectionFit(Fit):
         coef_selectable``; VB: iid draws from q). The root attribute ``vbsvm_fit_type`` is
         ``"selection"``.
         """
-        dt = super().to_arviz()
+        dt = super().to_arviz(log_likelihood=log_likelihood)
         dt.attrs["vbsvm_fit_type"] = "selection"
         post = dt["posterior"]
         post.attrs["prior"] = "Laplace-zero: u_k = gamma_k v_k, v_k ~ Laplace(0, sigma_u), gamma_k ~ Bernoulli(rho)"

@@ -280,6 +280,13 @@ class LaplaceZeroModel:
         self.fixed_index = np.concatenate([c.index for c in base.components if c.kind == "fixed"] or [np.zeros(0, int)]).astype(int)
         self.fixed_tau = base.prior_precision(np.ones(len(self.vcomps)))[self.fixed_index]
         self.blas_work = self.base.blas_work  # read by the engines (vbsvm.inference.threads)
+        # swap proposals: |correlation| between selectable columns (floored, so that every pair
+        # can be proposed) and the sign that maps one coefficient onto the other
+        corr = np.corrcoef(base.Cd[:, self.sel], rowvar=False) if self.m > 1 else np.ones((1, 1))
+        corr = np.nan_to_num(np.atleast_2d(corr))
+        self._swap_weight = np.maximum(np.abs(corr), 0.01)
+        np.fill_diagonal(self._swap_weight, 0.0)
+        self._swap_sign = np.where(corr < 0, -1.0, 1.0)
 
     def set_rho(self, rho):
         """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
@@ -491,18 +498,59 @@ class LaplaceZeroModel:
                 gam[i] = new
         return gam, logits
 
+    def swap_moves(self, theta, gamma, b, f, rng):
+        """Metropolis-Hastings swaps of a term in the model with one out of it, on the marginal
+        pseudo-posterior (augmentation weights integrated out); ``m`` proposals.
+
+        A proposal picks an included term j uniformly and an excluded k with probability
+        proportional to ``|corr(x_j, x_k)|`` (floored at 0.01), and exchanges the pairs
+        ``(gamma, v, b)`` of j and k, with ``v`` multiplied by ``s = sign corr(x_j, x_k)``: the new
+        effective coefficient of k is ``s v_j``. The exchange is an involution that leaves the
+        prior invariant (the ``(v_k, b_k)`` are iid, symmetric in sign, the ``gamma_k`` iid), so the
+        acceptance ratio is the pseudo-likelihood ratio times the proposal ratio
+        ``sum_{l out} w_jl / sum_{l out'} w_kl``. Single-site indicator updates cannot make this move
+        in one step when two predictors are correlated (dropping one first costs fit). Returns the
+        new ``(theta, gamma, b, f)``; w must be drawn afresh after it.
+        """
+        if self.m < 2 or not np.isfinite(self.logit_rho):
+            return theta, gamma, b, f
+        theta, gamma, b = theta.copy(), gamma.copy(), b.copy()
+        W, X = self._swap_weight, self.base.Cd
+        hinge_sum = float(np.maximum(0.0, 1.0 - self.y * f).sum())
+        for _ in range(self.m):
+            inc, out = np.flatnonzero(gamma == 1.0), np.flatnonzero(gamma == 0.0)
+            if inc.size == 0 or out.size == 0:
+                break
+            j = inc[rng.integers(inc.size)]
+            wj = W[j, out]
+            k = out[min(np.searchsorted(np.cumsum(wj), rng.random() * wj.sum()), out.size - 1)]
+            s = self._swap_sign[j, k]
+            jj, kk = self.sel[j], self.sel[k]
+            f_new = f + (s * X[:, kk] - X[:, jj]) * theta[jj]
+            new_sum = float(np.maximum(0.0, 1.0 - self.y * f_new).sum())
+            out_rev = np.where(out == k, j, out)
+            log_ratio = -2.0 * (new_sum - hinge_sum) + math.log(wj.sum()) - math.log(W[k, out_rev].sum())
+            if math.log(rng.random()) < log_ratio:
+                theta[jj], theta[kk] = s * theta[kk], s * theta[jj]
+                gamma[j], gamma[k] = gamma[k], gamma[j]
+                b[j], b[k] = b[k], b[j]
+                f, hinge_sum = f_new, new_sum
+        return theta, gamma, b, f
+
     def gibbs_sweep(self, state, rng):
-        """theta | rest; gamma_k | rest one at a time; w | f; b | v, sigma_u; variances | rest."""
+        """theta | rest; gamma_k | rest one at a time; swaps of correlated terms (marginal, see
+        :meth:`swap_moves`); w | f; b | v, sigma_u; variances | rest."""
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         s = self.scaling(state["gamma"])
         theta = self.posterior(gram, s, tau).sample(rng)
         gamma, _ = self.gamma_logits(gram, theta, state["gamma"], rng)
+        f = self.base.predictor(self.effective(theta, gamma))
+        theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         u = self.effective(theta, gamma)
-        f = self.base.predictor(u)
         w = hinge.sample_inverse(self.y, f, rng)
         v = theta[self.sel]
-        if self.fixed_b is None:
+        if self.fixed_b is None:  # (b was only permuted by the swaps; its full conditional is drawn here)
             sigma_u = math.sqrt(state["sigma2"][0])
             absv = np.maximum(np.abs(v), 1e-300)
             b = InverseGaussian(sigma_u / absv, 1.0).sample(rng)
