@@ -97,6 +97,7 @@ def test_map_with_fixed_penalty_is_the_classical_svm(heart):
     np.testing.assert_array_equal(ours.predict(Xs), svc.predict(Xs))
 
 
+@pytest.mark.filterwarnings("ignore::vbsvm.exceptions.ConvergenceWarning")  # the linear fit: no boundary
 def test_kernel_wraps_gpsvm_and_learns_a_nonlinear_boundary():
     X, y = make_circles(200, noise=0.1, factor=0.4, random_state=0)
     gp = BayesianSVC(kernel="rbf", n_inducing=20, seed=0).fit(X, y)
@@ -155,10 +156,10 @@ def test_awkward_column_names_fall_back_to_positional_names():
 def test_a_feature_named_y_does_not_clash_with_the_response():
     rng = np.random.default_rng(1)
     X = pd.DataFrame(rng.normal(size=(80, 2)), columns=["y", "z"])
-    y = (X["y"] > 0).astype(int)
+    y = (X["y"] + 0.5 * rng.normal(size=80) > 0).astype(int)
     est = BayesianSVC(seed=0).fit(X, y)
     assert est.fit_.coef.index.tolist() == ["Intercept", "y", "z"]
-    assert est.score(X, y) > 0.9
+    assert est.fit_.coef.loc["y", "mean"] > 3 * abs(est.fit_.coef.loc["z", "mean"])
 
 
 def test_inputs_are_not_modified(heart):
