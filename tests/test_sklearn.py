@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-pytest.importorskip("sklearn")
+pytest.importorskip("sklearn", minversion="1.6")
 
 from sklearn.base import clone  # noqa: E402
 from sklearn.datasets import make_circles  # noqa: E402

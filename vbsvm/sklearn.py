@@ -28,8 +28,8 @@ try:
     from sklearn.utils.validation import check_is_fitted, validate_data
 except ImportError as err:  # pragma: no cover - exercised by a test that hides scikit-learn
     raise ImportError(
-        "vbsvm.sklearn needs scikit-learn >= 1.6, which vbsvm does not install: "
-        "pip install scikit-learn"
+        "vbsvm.sklearn needs scikit-learn 1.6 or later, which vbsvm does not install: "
+        "pip install scikit-learn (or pip install --upgrade scikit-learn)"
     ) from err
 
 from .api import svm
@@ -158,10 +158,12 @@ class BayesianSVC(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or pandas.DataFrame of shape (n_samples, n_features)
+            Rows to score, with the columns seen in :meth:`fit`.
 
         Returns
         -------
-        ndarray of shape (n_samples,)
+        scores : ndarray of shape (n_samples,)
+            ``fit_.predict(kind="score")["mean"]``.
         """
         return self._predict(X, "score")["mean"].to_numpy()
 
@@ -174,10 +176,12 @@ class BayesianSVC(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or pandas.DataFrame of shape (n_samples, n_features)
+            Rows to predict, with the columns seen in :meth:`fit`.
 
         Returns
         -------
-        ndarray of shape (n_samples, 2)
+        proba : ndarray of shape (n_samples, 2)
+            Rows sum to 1.
         """
         p = np.asarray(self._predict(X, "prob"), dtype=float)
         return np.column_stack([1.0 - p, p])
@@ -188,10 +192,12 @@ class BayesianSVC(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like or pandas.DataFrame of shape (n_samples, n_features)
+            Rows to classify, with the columns seen in :meth:`fit`.
 
         Returns
         -------
-        ndarray of shape (n_samples,)
+        labels : ndarray of shape (n_samples,)
+            Elements of ``classes_``.
         """
         positive = self.decision_function(X) > 0
         return self.classes_[positive.astype(int)]
