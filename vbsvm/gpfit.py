@@ -253,7 +253,7 @@ def _gaussian_of_draws(v) -> WhitenedGaussian:
 def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size=100,
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
           bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
-          jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
+          jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=True, seed=None,
           n_obs=None, standardize=True, missing="drop", learn=None, n_jobs=1):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
 
@@ -301,7 +301,8 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     jitter : float
         Relative diagonal jitter of K_mm (raised automatically if needed).
     draws, tune, chains, thin, progress : Gibbs settings (chains seeded from ``seed`` by
-        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept).
+        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept;
+        ``progress=True``, as in :func:`vbsvm.svm`, shows a tqdm bar, which only the samplers draw).
     n_jobs : int
         Gibbs: worker processes for the chains (results do not depend on it).
     seed : int or None
