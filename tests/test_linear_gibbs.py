@@ -1,6 +1,8 @@
 """Gibbs sampler of the linear SVM against exact computations (quadrature, an independent
 Metropolis sampler on the marginal pseudo-posterior), reproducibility and diagnostics."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -171,3 +173,12 @@ def test_summary_shows_rhat_and_ess(small):
     assert "r_hat" in text and "ess_bulk" in text and "Max R-hat" in text
     diag = fit.diagnostics()
     assert {"r_hat", "ess_bulk", "ess_tail", "mcse_mean"} <= set(diag.columns)
+
+
+def test_convergence_warning_names_the_worst_parameter_and_the_draws_needed():
+    df = vbsvm.datasets.simulate_grouped(20, 5, seed=1)
+    with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match=r"the worst is \S+ \(bulk ESS \d+.*draws=\d+"):
+        fit = vbsvm.svm("y ~ time + (1 | group)", df, method="gibbs", draws=100, tune=50, chains=2, progress=False)
+    worst = fit.diagnostics()["ess_bulk"].idxmin()
+    with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match=re.escape(worst)):
+        fit._warn_diagnostics()

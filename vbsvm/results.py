@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -275,11 +276,18 @@ class Fit:
         bad_r = diag.index[diag["r_hat"] > 1.01].tolist()
         bad_e = diag.index[diag["ess_bulk"] < 400].tolist()
         if bad_r or bad_e:
+            worst = diag["ess_bulk"].idxmin()
+            ess = max(float(diag.loc[worst, "ess_bulk"]), 1.0)
+            draws = int(self.settings.get("draws", 1000))
+            # ESS grows about linearly with the draws once the chains have mixed
+            needed = int(math.ceil(draws * 400.0 / ess / 100.0) * 100)
             warnings.warn(
                 "Gibbs diagnostics: "
                 + (f"R-hat > 1.01 for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
                 + (f"bulk ESS < 400 for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
-                + "run longer chains (draws=, tune=) before trusting intervals.",
+                + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {diag.loc[worst, 'r_hat']:.3f}): about "
+                f"draws={needed} per chain (and tune at least as long) would reach ESS 400 — run longer "
+                "chains before trusting intervals.",
                 DiagnosticWarning,
                 stacklevel=3,
             )
