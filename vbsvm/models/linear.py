@@ -807,15 +807,21 @@ class LinearSVMModel:
             theta[index] -= delta
         return theta
 
+    #: rounds of (variances, shift, levels) per sweep when there are random intercepts: each
+    #: round is a few O(n) passes; on toenail two rounds took min bulk ESS at the defaults from
+    #: 407 to 467 and max R-hat from 1.013 to 1.009 (three: no further gain)
+    level_rounds = 2
+
     def marginal_moves(self, theta, f, sigma2, rng):
         """The moves of a sweep on the marginal pseudo-posterior (augmentation weights integrated
         out): each variance non-centred, the intercept-versus-levels shift, the levels and the fixed
         effects one at a time. Returns ``(theta, f, sigma2)``; w must be drawn afresh after them."""
-        for k in range(sigma2.size):
-            theta, f, sigma2 = self._rescale_variance(k, theta, f, sigma2, rng)
-        if self._shiftable:
-            theta = self._shift_location(theta, sigma2, rng)
-            theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
+        for _ in range(self.level_rounds if self._shiftable else 1):
+            for k in range(sigma2.size):
+                theta, f, sigma2 = self._rescale_variance(k, theta, f, sigma2, rng)
+            if self._shiftable:
+                theta = self._shift_location(theta, sigma2, rng)
+                theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
         theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng)
         return theta, f, sigma2
 
