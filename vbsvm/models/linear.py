@@ -108,6 +108,13 @@ class PriorComponent:
         return int(np.size(self.index))
 
 
+def row_blocks(n, width, budget=2 ** 20):
+    """Slices of ``range(n)`` with at most ``budget`` entries of an (n, width) array each (8 MB of
+    float64): the unit of the row-blocked products that keep a sweep's memory O(budget)."""
+    step = max(256, budget // max(int(width), 1))
+    return [slice(s, min(s + step, n)) for s in range(0, n, step)]
+
+
 def _batched_cholesky_inverse(D):
     """``(L, L^{-1})`` of a stack of SPD blocks ``D`` (m, q, q); closed form for q = 1."""
     if D.shape[1] == 1:
@@ -134,14 +141,17 @@ class WorkingGram:
         Cd = model.Cd
         qd = model.qd
         sw = np.sqrt(w)
-        Ws = Cd * sw[:, None]
-        self.A = Ws.T @ Ws  # numpy recognizes X^T X and calls the symmetric rank-k update (half the flops)
+        self.A = np.zeros((qd, qd))
+        # by blocks of rows, so that the weighted copy of the design is never formed whole
+        for rows in row_blocks(model.n, qd):
+            Ws = Cd[rows] * sw[rows, None]
+            self.A += Ws.T @ Ws  # numpy recognizes X^T X and calls the symmetric rank-k update
         if extra_precision is not None:  # e.g. E_q[C^T W C] - C~^T W C~ of imputed entries
             self.A += extra_precision
         self.bd = Cd.T @ r
         if model.m_sparse:
             m, qs = model.m_sparse, model.q_sparse
-            WC = Ws * sw[:, None]
+            WC = Cd * w[:, None]
             WZ = model.Zs * w[:, None]
             self.D = np.empty((m, qs, qs))
             self.G = np.empty((m, qs, qd))
@@ -290,8 +300,10 @@ class CoefficientPosterior:
             Dz = np.einsum("ijk,ik->ij", self.Dinv[m.codes], m.Zs)
             var = np.einsum("ij,ij->i", V, V) + np.einsum("ij,ij->i", Dz, m.Zs)
         else:
-            V = m.Cd @ self.Linv.T
-            var = np.einsum("ij,ij->i", V, V)
+            var = np.empty(m.n)
+            for rows in row_blocks(m.n, m.qd):
+                V = m.Cd[rows] @ self.Linv.T
+                var[rows] = np.einsum("ij,ij->i", V, V)
         return mean, var
 
     def sample(self, rng) -> np.ndarray:
@@ -536,7 +548,8 @@ class LinearSVMModel:
             self.group_slices[name] = np.arange(offset, offset + m * q)
             offset += m * q
         self.qd = offset
-        self.Cd = np.asfortranarray(np.hstack(dense_blocks))
+        # the design itself when it is the only dense block (no copy), else the blocks side by side
+        self.Cd = np.asfortranarray(dense_blocks[0] if len(dense_blocks) == 1 else np.hstack(dense_blocks))
         if self.sparse_group is not None:
             codes, m, name, Z = terms[self.sparse_group]
             self.codes = codes
