@@ -204,10 +204,13 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                 "decides them; keep penalty='auto' (or a fixed penalty) rather than penalty=None.",
                 DiagnosticWarning, stacklevel=3)
         else:
-            # eigen-decomposition of the p x p Gram (cheaper than an SVD of X): eigenvalues below
-            # 1e-11 of the largest (condition number of X above ~3e5) mark dependent columns
+            # eigen-decomposition of the p x p Gram (cheaper than an SVD of X) of the columns
+            # scaled to a largest absolute value of 1, so that the units of a column do not count:
+            # eigenvalues below 1e-11 of the largest (condition number above ~3e5) mark dependent columns
+            top = np.abs(X).max(axis=0)
+            Xs = X / np.where(top > 0, top, 1.0)
             with limit_blas(float(n) * p * p):
-                evals, evecs = np.linalg.eigh(X.T @ X)
+                evals, evecs = np.linalg.eigh(Xs.T @ Xs)
             null = evecs[:, evals <= evals[-1] * 1e-11].T
             if null.size:
                 cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-6)]

@@ -703,7 +703,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         if name == "Intercept":
             continue
         col = X[~mask[:, j], j]
-        sd = col.std(ddof=1) if col.size > 1 else 0.0
+        top = np.abs(col).max() if col.size else 0.0
+        unit = col / top if top > 0 else col  # no overflow in the squares of values near 1e300
+        sd = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
         if not sd > 0:
             raise InputError(
                 f"design column {name!r} is constant ({col[0] if col.size else 'empty'}); it "
@@ -711,7 +713,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
                 "from the formula."
             )
         if standardize:
-            center[j] = col.mean() if has_intercept else 0.0
+            center[j] = top * unit.mean() if has_intercept else 0.0
             scale[j] = sd
     X = np.asfortranarray((X - center) / scale)
 

@@ -494,7 +494,14 @@ class Fit:
         return list(self.info.get("summary_tables", []))
 
     def __repr__(self):
-        return f"<vbsvm.Fit {self.method} {self.design.formula!r} n={self.n_obs}>"
+        """A short description (model, method, formula, coefficients); :meth:`summary` has the tables."""
+        from .summary import describe
+
+        return describe(self, self.coef["mean"], self._description_lines())
+
+    def _description_lines(self) -> list:
+        """Lines a model adds to ``repr(fit)`` after the coefficients."""
+        return [f"{name}: {len(levels)} groups" for name, (levels, _) in self.layout.groups.items()]
 
     def _repr_html_(self):
         return self.summary().as_html()

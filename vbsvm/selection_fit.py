@@ -264,9 +264,12 @@ class SelectionFit(Fit):
                                "see group 'vbsvm'")
         return dt
 
-    def __repr__(self):
-        return (f"<vbsvm.SelectionFit {self.method} {self.design.formula!r} n={self.n_obs} "
-                f"rho={self.rho:g} selected={len(self.selected)}/{len(self.sel_index)}>")
+    def _description_lines(self) -> list:
+        """``repr(fit)``: the prior and the median probability model."""
+        chosen = ", ".join(self.selected) or "none"
+        return super()._description_lines() + [
+            f"Laplace-zero prior, rho = {self.rho:.4g}: {len(self.selected)} of {len(self.sel_index)} terms "
+            f"selected (p_include > 0.5): {chosen}"]
 
     # ------------------------------------------------------------------ summary
     def prior_description(self):
