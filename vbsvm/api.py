@@ -90,7 +90,12 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     missing : {"drop", "raise", "impute"}
         Rows with missing predictors: dropped (reported in the summary), an error, or imputed.
     standardize : bool
-        Standardize the predictors internally (results are reported on the original scale).
+        Standardize the predictors internally: center them and divide by the sample sd with
+        ``ddof=1``, as R's ``scale()`` (results are reported on the original scale). The penalty
+        acts on that scale, so ``method="map"`` with a fixed ``penalty=alpha`` is
+        ``sklearn.svm.SVC(kernel="linear", C=1/(2 alpha))`` fitted to columns scaled with
+        ``ddof=1``, not to the output of ``StandardScaler`` (``ddof=0``); ``standardize=False``
+        penalizes the columns as given.
     draws, tune, chains, thin : int
         Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
