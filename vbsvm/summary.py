@@ -119,9 +119,13 @@ def _header_table(head: dict, title: str) -> SimpleTable:
         right.append(("", ""))
     table = SimpleTable([[v] for _, v in left], stubs=[k for k, _ in left], title=title, txt_fmt=fmt_2cols)
     table.extend_right(SimpleTable([[v] for _, v in right], stubs=[k for k, _ in right], txt_fmt=fmt_2cols))
-    if max(map(len, table.as_text().splitlines())) <= WIDTH:
+    if _width(table) <= WIDTH:
         return table
     return SimpleTable([[v] for _, v in items], stubs=[k for k, _ in items], title=title, txt_fmt=fmt_2cols)
+
+
+def _width(table: SimpleTable) -> int:
+    return max(map(len, table.as_text().splitlines()))
 
 
 def wrap_notes(notes) -> list:
@@ -151,8 +155,13 @@ def build_summary(fit, level: float) -> Summary:
         rows = [f"beta[{t}]" for t in coef.index]
         diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
-        coef = coef.join(diag)
-    smry.tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
+        joined = frame_table(coef.join(diag))
+        if _width(joined) <= WIDTH:
+            smry.tables.append(joined)
+        else:  # long term names: the diagnostics get a table of their own
+            smry.tables += [frame_table(coef), frame_table(diag, "Sampler diagnostics of the coefficients")]
+    else:
+        smry.tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
     undefined, alpha = False, False
     if fit.layout.variances or fit.layout.covariances:
         vc = fit.varcomp(level)
