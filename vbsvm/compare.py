@@ -535,12 +535,16 @@ class Comparison:
 
     @staticmethod
     def _score_and_prob(fit, data):
-        """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit."""
-        score = fit.predict(data, kind="score")
+        """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit
+        (rows a linear fit cannot predict raise, rather than count as disagreements)."""
+        from .results import Fit
+
+        kw = {"na_action": "raise"} if isinstance(fit, Fit) else {}
+        score = fit.predict(data, kind="score", **kw)
         sign = np.where(score["mean"].to_numpy() > 0, 1, -1)
         if getattr(fit, "method", None) == "map":
             return sign, np.full(len(data), np.nan)
-        return sign, fit.predict(data, kind="prob").to_numpy()
+        return sign, fit.predict(data, kind="prob", **kw).to_numpy()
 
     # ---------------------------------------------------------------- plots
     def _trees(self):
