@@ -349,8 +349,9 @@ class Fit:
         newdata = _check_frame(newdata, "newdata")
         incomplete = self.design.incomplete_rows(newdata, imputable=self.settings.get("missing") == "impute")
         if incomplete.any() and na_action == "raise":
-            cols = [c for c in self.design.raw.columns if c in newdata.columns and newdata[c].iloc[
-                np.flatnonzero(incomplete)].isna().any()]
+            rows = newdata.iloc[np.flatnonzero(incomplete)]
+            cols = [c for c in self.design.raw.columns
+                    if c != self.design.response and c in rows.columns and rows[c].isna().any()]
             raise InputError(
                 f"newdata has {int(incomplete.sum())} row(s) with missing values in column(s) {cols}; pass "
                 "na_action='pass' (NaN predictions for those rows) or na_action='drop', or fill them "
