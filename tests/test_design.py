@@ -169,3 +169,24 @@ def test_wrong_types():
         build_design("y ~ x", np.zeros((3, 2)))
     with pytest.raises(InputTypeError, match="formula must be a string"):
         build_design(3, pd.DataFrame({"y": [0, 1]}))
+
+
+def test_new_data_with_infinite_values_names_the_design_columns(frame):
+    d = build_design("y ~ x1 + np.log(x2) + C(sex)", frame)
+    new = frame.head(5).copy()
+    new.loc[new.index[1], "x2"] = 0.0  # log(0) = -inf
+    new.loc[new.index[3], "x1"] = np.inf
+    with pytest.raises(InputError, match=r"\['x1', 'np.log\(x2\)'\] \(in 2 row\(s\)\)"):
+        d.new_X(new)
+    assert np.isfinite(d.new_X(frame.head(5))).all()
+
+
+def test_incomplete_rows_of_new_data(frame):
+    d = build_design("y ~ x1 + C(sex) + (1 | g)", frame, missing="impute")
+    new = frame.head(4).copy()
+    new.loc[new.index[0], "x1"] = np.nan    # numeric fixed effect: an imputing model fills it
+    new.loc[new.index[1], "sex"] = None     # categorical: never imputed
+    new.loc[new.index[2], "g"] = np.nan     # grouping column
+    new.loc[new.index[3], "y"] = np.nan     # the response is not needed to predict
+    np.testing.assert_array_equal(d.incomplete_rows(new), [True, True, True, False])
+    np.testing.assert_array_equal(d.incomplete_rows(new, imputable=True), [False, True, True, False])

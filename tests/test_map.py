@@ -57,3 +57,26 @@ def test_map_with_inferred_penalty_and_groups_runs():
     assert np.isnan(fit.coef["sd"]).all()
     with pytest.raises(vbsvm.exceptions.InputError, match="prob"):
         fit.predict(df, kind="prob_positive")
+
+
+def test_standardize_uses_ddof_1_like_r_scale():
+    """With standardize=True the penalty acts on predictors scaled by the sample sd with ddof=1
+    (R's scale()): the MAP fit is libsvm's on those columns, mapped back to the original scale,
+    and not libsvm's on columns scaled with ddof=0 (scikit-learn's StandardScaler). A strong
+    penalty on few rows keeps most points inside the margin, where the solution moves with the
+    scale (the slopes are compared: with a flat objective in the intercept it need not be unique)."""
+    df = vbsvm.datasets.simulate_luts(30, 3, seed=1)
+    alpha = 20.0
+    fit = vbsvm.svm("y ~ .", data=df, penalty=alpha, method="map")
+    X = df.drop(columns="y").to_numpy()
+    y = df["y"].to_numpy()
+    ours = fit.coef["mean"].drop("Intercept").to_numpy()
+
+    def libsvm_slopes(ddof):
+        center, scale = X.mean(axis=0), X.std(axis=0, ddof=ddof)
+        ref = svm_module.SVC(kernel="linear", C=1 / (2 * alpha), tol=1e-12, max_iter=10**8)
+        return ref.fit((X - center) / scale, y).coef_[0] / scale
+
+    for ddof, agrees in ((1, True), (0, False)):
+        rel = np.max(np.abs(ours - libsvm_slopes(ddof))) / np.max(np.abs(ours))
+        assert (rel < 1e-5) == agrees, (ddof, rel)

@@ -181,7 +181,7 @@ FIT_CASES = {
     "predict_missing_group_column": lambda df: (("predict",), (df.drop(columns="g"),), {}, InputError, r"'g'", FIX),
     "predict_not_a_frame": lambda df: (("predict",), (df.to_numpy(),), {}, InputTypeError, r"newdata", FIX),
     "predict_kind_unknown": lambda df: (("predict",), (df,), {"kind": "logit"}, InputError, r"kind", FIX),
-    "predict_nan_predictor": lambda df: (("predict",), (_nan_at("x"),), {}, InputError, r"'x'", FIX),
+    "predict_nan_predictor": lambda df: (("predict",), (_nan_at("x"),), {"na_action": "raise"}, InputError, r"'x'", FIX),
     "predict_renamed_column": lambda df: (("predict",), (df.rename(columns={"x": "X"}),), {}, InputError, r"'x'", FIX),
     "coef_level_two": lambda df: (("coef_table",), (), {"level": 2}, InputError, r"level", FIX),
     "summary_level_negative": lambda df: (("summary",), (), {"level": -0.5}, InputError, r"level", FIX),

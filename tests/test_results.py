@@ -212,3 +212,123 @@ def test_log_likelihood_group_makes_loo_and_compare_work(fits, tmp_path):
     assert np.isfinite(loo.elpd) and list(table.index)[0] in trees
     fits["gibbs"].save(tmp_path / "g.nc")
     assert "log_likelihood" not in xr.open_datatree(tmp_path / "g.nc", engine="h5netcdf").children
+
+
+# ------------------------------------------------------------------ rows with problems (issue #14.4)
+@pytest.mark.parametrize("method", ["vb", "gibbs", "map"])
+def test_na_action_pass_drop_raise(fits, grouped, method):
+    fit = fits[method]
+    new = grouped.head(6).copy()
+    new.index = [10, 11, 12, 13, 14, 15]
+    new.loc[11, "time"] = np.nan
+    new.loc[13, "arm"] = None
+    new.loc[14, "group"] = np.nan
+    missing = [11, 13, 14]
+    complete = new.drop(index=missing)
+    kinds = ["class", "prob", "score"] + (["prob_positive"] if method != "map" else [])
+    for kind in kinds:
+        full = fit.predict(new, kind=kind)  # na_action="pass" is the default, as R's na.pass
+        assert full.index.equals(new.index)
+        assert full.loc[missing].isna().all(axis=None)
+        expected = fit.predict(complete, kind=kind)
+        pd.testing.assert_frame_equal(pd.DataFrame(full.loc[complete.index]), pd.DataFrame(expected),
+                                      check_dtype=False)
+        dropped = fit.predict(new, kind=kind, na_action="drop")
+        assert dropped.index.equals(complete.index)
+    with pytest.raises(InputError, match=r"3 row\(s\) with missing values in column\(s\) \['time', 'arm', 'group'\]"):
+        fit.predict(new, na_action="raise")
+    with pytest.raises(InputError, match="na_action"):
+        fit.predict(new, na_action="omit")
+    score = fit.predict_score(new, na_action="drop")
+    assert score.index.equals(complete.index)
+    assert new.loc[11, "time"] != new.loc[11, "time"]  # the caller's frame is left as it was
+
+
+def test_imputed_fit_still_predicts_rows_with_missing_predictors():
+    df = vbsvm.datasets.simulate_luts(80, 2, seed=5)
+    df.loc[df.index[:8], "x1"] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = vbsvm.svm("y ~ x1 + x2", df, missing="impute")
+    new = df.head(10).copy()
+    new.loc[new.index[9], "x2"] = np.nan
+    prob = fit.predict(new, kind="prob", na_action="raise")  # the model fills missing predictors
+    assert np.isfinite(prob).all() and prob.index.equals(new.index)
+
+
+def test_infinite_new_predictors_raise_naming_the_column(fits, grouped):
+    new = grouped.head(4).copy()
+    new.loc[new.index[2], "time"] = -np.inf
+    for fit in fits.values():
+        with pytest.raises(InputError, match=r"infinite values in design column\(s\) \['time'"):
+            fit.predict(new)
+
+
+# ------------------------------------------------------------------ text output (issue #14.7)
+@pytest.fixture(scope="module")
+def text_fits(fits):
+    """Every kind of fit whose summary has its own sections."""
+    toenail = vbsvm.datasets.load("toenail")
+    sim = vbsvm.datasets.simulate_luts(100, 4, seed=2)
+    incomplete = sim.copy()
+    incomplete.loc[incomplete.index[:10], "x2"] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = dict(fits)
+        out["slopes"] = vbsvm.svm("y ~ time * terbinafine + (1 + time | patient_id)", toenail,
+                                  method="gibbs", draws=50, tune=20, chains=2, seed=1, progress=False)
+        out["laplace_zero"] = vbsvm.svm("y ~ .", sim, prior=vbsvm.LaplaceZero(rho=0.2))
+        out["impute"] = vbsvm.svm("y ~ .", incomplete, missing="impute")
+        out["gp"] = vbsvm.gpsvm("y ~ x1 + x2", sim, n_inducing=8, seed=1)
+    return out
+
+
+def test_text_summaries_and_descriptions_fit_in_100_columns(text_fits):
+    for name, fit in text_fits.items():
+        for text in (fit.summary().as_text(), repr(fit), str(fit)):
+            width = max(map(len, text.splitlines()))
+            assert width <= 100, (name, width, text)
+        assert "<vbsvm" not in repr(fit)
+        assert "\x1b" not in fit.summary().as_text()
+
+
+def test_print_fit_is_a_short_description(text_fits):
+    text = str(text_fits["vb"])
+    lines = text.splitlines()
+    assert lines[0] == "Bayesian linear SVM with random intercepts: Approximate posterior (fast)"
+    assert "Formula: y ~ time * C(arm) + (1 | group)" in lines
+    assert any(line.startswith("Coefficients (posterior mean): Intercept ") for line in lines)
+    assert "group: 25 groups" in lines and len(lines) <= 8
+    assert "Coefficients (posterior mode)" in str(text_fits["map"])
+    sel = str(text_fits["laplace_zero"])
+    assert "Laplace-zero prior, rho = 0.2" in sel and "terms selected" in sel
+    assert "rows incomplete" in str(text_fits["impute"])
+    assert str(text_fits["gp"]).startswith("Bayesian nonlinear SVM (sparse GP)")
+
+
+def test_map_summary_calls_the_mode_a_mode(fits):
+    text = fits["map"].summary().as_text()
+    header = [line.split() for line in text.splitlines() if line.split()[:1] == ["mode"]]
+    assert len(header) == 2  # the coefficients and the variance components
+    assert not any("mean" in line.split() for line in text.splitlines())
+    assert " nan" not in text
+
+
+def test_gibbs_variance_components_carry_r_hat_and_ess(fits):
+    text = fits["gibbs"].summary().as_text()
+    block = text[text.index("Variance components"):]
+    assert "r_hat" in block and "ess_bulk" in block
+    alpha = next(line for line in block.splitlines() if line.startswith("alpha")).split()
+    sigma = next(line for line in block.splitlines() if line.startswith("sigma2_u")).split()
+    assert alpha[-2:] == sigma[-2:]  # rank-based diagnostics of a monotone transform
+
+
+def test_infinite_inverse_gamma_moments_are_shown_as_undefined():
+    df = vbsvm.datasets.simulate_luts(60, 1, seed=3)
+    fit = vbsvm.svm("y ~ x1", df, method="meanfield")  # sigma2_u's q has shape A_u + 1/2 < 1
+    assert np.isinf(fit.varcomp().loc["sigma2_u", "mean"])
+    text = fit.summary().as_text()
+    row = next(line for line in text.splitlines() if line.startswith("sigma2_u")).split()
+    assert row[1:3] == ["undefined", "undefined"]
+    assert "mean: shape <= 1, sd: shape <= 2" in " ".join(text.split())
+    assert not any(tok in ("inf", "-inf") for tok in text.split())

@@ -90,7 +90,12 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     missing : {"drop", "raise", "impute"}
         Rows with missing predictors: dropped (reported in the summary), an error, or imputed.
     standardize : bool
-        Standardize the predictors internally (results are reported on the original scale).
+        Standardize the predictors internally: center them and divide by the sample sd with
+        ``ddof=1``, as R's ``scale()`` (results are reported on the original scale). The penalty
+        acts on that scale, so ``method="map"`` with a fixed ``penalty=alpha`` is
+        ``sklearn.svm.SVC(kernel="linear", C=1/(2 alpha))`` fitted to columns scaled with
+        ``ddof=1``, not to the output of ``StandardScaler`` (``ddof=0``); ``standardize=False``
+        penalizes the columns as given.
     draws, tune, chains, thin : int
         Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
@@ -204,10 +209,13 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                 "decides them; keep penalty='auto' (or a fixed penalty) rather than penalty=None.",
                 DiagnosticWarning, stacklevel=3)
         else:
-            # eigen-decomposition of the p x p Gram (cheaper than an SVD of X): eigenvalues below
-            # 1e-11 of the largest (condition number of X above ~3e5) mark dependent columns
+            # eigen-decomposition of the p x p Gram (cheaper than an SVD of X) of the columns
+            # scaled to a largest absolute value of 1, so that the units of a column do not count:
+            # eigenvalues below 1e-11 of the largest (condition number above ~3e5) mark dependent columns
+            top = np.abs(X).max(axis=0)
+            Xs = X / np.where(top > 0, top, 1.0)
             with limit_blas(float(n) * p * p):
-                evals, evecs = np.linalg.eigh(X.T @ X)
+                evals, evecs = np.linalg.eigh(Xs.T @ Xs)
             null = evecs[:, evals <= evals[-1] * 1e-11].T
             if null.size:
                 cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-6)]

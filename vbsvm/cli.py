@@ -301,6 +301,9 @@ def cmd_compare(args):
     if args.names:
         names = [s.strip() for s in args.names.split(",")]
     fits = [vbsvm.load(f) for f in args.files]
+    if args.inclusion and not any(hasattr(f, "inclusion") for f in fits):
+        raise CLIError("--inclusion plots the inclusion probabilities of Laplace-zero fits, and none of "
+                       "the files holds one (fit with --prior laplace-zero); leave out --inclusion")
     from .compare import compare
 
     cmp = compare(*fits, names=names)

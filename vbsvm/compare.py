@@ -396,14 +396,20 @@ class Comparison:
     def _lr(self, name):
         key = ("lr", name)
         if key not in self._cache:
-            from .linear_response import linear_response
+            from .linear_response import MAX_N as LR_MAX_N, linear_response
 
             fit = self.fits[name]
             eligible = (_is_linear_vb(fit) and fit.settings.get("missing") != "impute"
                         and fit.settings.get("approximation") != "calibrated")
+            if eligible and fit.n_obs > LR_MAX_N:
+                warnings.warn(
+                    f"no linear-response sd for {name!r}: its dense {fit.n_obs} x {fit.n_obs} solve is "
+                    f"skipped above {LR_MAX_N} rows (in Python, vbsvm.linear_response(fit, max_n=...) "
+                    "computes it if memory allows).", DiagnosticWarning, stacklevel=3)
+                eligible = False
             try:
                 self._cache[key] = linear_response(fit).sd if eligible else None
-            except InputError as exc:  # e.g. too many rows for the dense solve
+            except InputError as exc:
                 warnings.warn(f"no linear-response sd for {name!r}: {exc}", DiagnosticWarning, stacklevel=3)
                 self._cache[key] = None
         return self._cache[key]
@@ -499,6 +505,17 @@ class Comparison:
         obs = None
         if response is not None and response in data.columns:
             obs = np.where(data[response].to_numpy() == design.positive_level, 1, -1)
+        for name, fit in self.fits.items():
+            fit_design = getattr(fit, "design", None)
+            raw = getattr(fit_design, "raw", None)
+            absent = [] if raw is None else [c for c in raw.columns
+                                             if c != fit_design.response and c not in data.columns]
+            if absent:
+                rows = (f"the reference fit {self.reference!r}'s training rows" if cache
+                        else "the rows passed as data")
+                raise InputError(
+                    f"fit {name!r} uses column(s) {absent} that {rows} lack (the fits have different "
+                    "formulas); pass rows with every column the fits use: predictions(data=frame).")
         per_fit = {name: self._score_and_prob(fit, data) for name, fit in self.fits.items()}
         ref_sign, ref_prob = per_fit[self.reference]
         rows = {}
@@ -518,12 +535,16 @@ class Comparison:
 
     @staticmethod
     def _score_and_prob(fit, data):
-        """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit."""
-        score = fit.predict(data, kind="score")
+        """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit
+        (rows a linear fit cannot predict raise, rather than count as disagreements)."""
+        from .results import Fit
+
+        kw = {"na_action": "raise"} if isinstance(fit, Fit) else {}
+        score = fit.predict(data, kind="score", **kw)
         sign = np.where(score["mean"].to_numpy() > 0, 1, -1)
         if getattr(fit, "method", None) == "map":
             return sign, np.full(len(data), np.nan)
-        return sign, fit.predict(data, kind="prob").to_numpy()
+        return sign, fit.predict(data, kind="prob", **kw).to_numpy()
 
     # ---------------------------------------------------------------- plots
     def _trees(self):
@@ -655,9 +676,14 @@ class Comparison:
         lines = [f"Comparison of {', '.join(self.fits)} (reference: {self.reference})", ""]
         with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
             lines.append(tab.to_string(float_format=lambda v: f"{v:.{digits}g}"))
-            lines += ["", "Predictions on the reference fit's training data:",
-                      self.predictions().to_string(float_format=lambda v: f"{v:.{digits}g}")
-                      if has_rows else "(not available: the reference fit carries no training data)"]
+            if not has_rows:
+                pred = "(not available: the reference fit carries no training data)"
+            else:
+                try:
+                    pred = self.predictions().to_string(float_format=lambda v: f"{v:.{digits}g}")
+                except InputError as exc:  # e.g. fits of different formulas
+                    pred = f"(not available: {exc})"
+            lines += ["", "Predictions on the reference fit's training data:", pred]
         notes = ["", "diff_sd = (mean - reference mean) / reference sd; sd_ratio = sd / reference sd;",
                  "accuracy = 100 (1 - 0.5 * integral |q - p_ref|) %, reference density by KDE when it is a sample."]
         if any(c.endswith("_sd_lr") for c in tab.columns):

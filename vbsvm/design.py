@@ -119,7 +119,7 @@ class GroupingFactor:
             Z = np.asarray(self.spec.get_model_matrix(frame, na_action="ignore"), dtype=float)
         except FormulaicError as exc:
             raise InputError(f"could not evaluate the random-effect term ({self.lhs} | "
-                             f"{':'.join(self.factor)}) on new data: {exc}") from None
+                             f"{':'.join(self.factor)}) on new data: {_formulaic_text(exc)}") from None
         return Z if self.select is None else Z[:, self.select]
 
 
@@ -242,8 +242,9 @@ class Design:
                 f"newdata lacks the column(s) {absent} that the formula {self.formula!r} uses; "
                 "pass a frame with the same predictor columns as the training data."
             )
+        categorical = set(_categorical_calls(self.formula))
         for c in needed:
-            if c in self.raw.columns and not pd.api.types.is_numeric_dtype(self.raw[c]):
+            if c in self.raw.columns and (c in categorical or not pd.api.types.is_numeric_dtype(self.raw[c])):
                 seen = set(pd.unique(self.raw[c].dropna()).tolist())
                 unseen = sorted({v for v in pd.unique(newdata[c].dropna()).tolist() if v not in seen}, key=str)
                 if unseen:
@@ -262,17 +263,35 @@ class Design:
             warnings.simplefilter("error", formulaic.errors.DataMismatchWarning)
             try:
                 mm = self.spec.get_model_matrix(newdata, na_action="ignore")
-            except formulaic.errors.DataMismatchWarning as exc:
+            except formulaic.errors.DataMismatchWarning:
                 raise InputError(
-                    f"newdata has a categorical level not seen in the training data: {exc}. "
-                    "Map it to a known level or drop those rows."
+                    "newdata has a value of a categorical term of the formula "
+                    f"{self.formula!r} not seen in the training data; map it to a known level or drop "
+                    "those rows."
                 ) from None
             except FormulaicError as exc:
-                raise InputError(f"could not build the design for newdata: {exc}") from None
+                raise InputError(f"could not build the design for newdata: {_formulaic_text(exc)}") from None
         X = np.asarray(mm, dtype=float).copy()
+        infinite = np.isinf(X).any(axis=0)
+        if infinite.any():
+            cols = [n for n, bad in zip(self.column_names, infinite) if bad]
+            raise InputError(
+                f"newdata gives infinite values in design column(s) {cols} (in "
+                f"{int(np.isinf(X).any(axis=1).sum())} row(s)); the model has no score there: replace "
+                "them (e.g. by NaN, to get NaN predictions for those rows) or drop those rows."
+            )
         if standardized:
             X = (X - self.center) / self.scale
         return np.asfortranarray(X)
+
+    def incomplete_rows(self, newdata: pd.DataFrame, *, imputable: bool = False) -> np.ndarray:
+        """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
+        besides the response (grouping columns included). With ``imputable`` (fits with
+        ``missing="impute"``) missing values of numeric fixed-effect columns do not count."""
+        fixed = set(self.fixed_vars or ())
+        columns = [c for c in self.raw.columns if c != self.response and c in newdata.columns
+                   and not (imputable and c in fixed and pd.api.types.is_numeric_dtype(self.raw[c]))]
+        return _missing_mask(newdata, columns)
 
     def new_random_effects(self, newdata, new_levels="zero") -> list:
         """``(codes, Z)`` of each random-effect term in ``newdata``: level codes (-1 for levels
@@ -314,11 +333,30 @@ class Design:
 
 def _check_frame(data, name: str) -> pd.DataFrame:
     if not isinstance(data, pd.DataFrame):
-        raise InputTypeError(
-            f"{name} must be a pandas DataFrame, got {type(data).__name__}; "
-            f"wrap arrays as pandas.DataFrame(array, columns=[...])."
-        )
+        package = (type(data).__module__ or "").split(".")[0]
+        got = type(data).__name__ if package in ("", "builtins") else f"{package}.{type(data).__name__}"
+        if package in ("polars", "pyarrow", "cudf", "modin") or hasattr(data, "to_pandas"):
+            fix = f"convert it with {name}.to_pandas()"
+        else:
+            fix = "wrap arrays as pandas.DataFrame(array, columns=[...])"
+        raise InputTypeError(f"{name} must be a pandas DataFrame, got {got}; {fix}.")
     return data
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _formulaic_text(exc) -> str:
+    """formulaic's message on one line, without the copy of the formula it marks with terminal
+    colour codes."""
+    return " ".join(_ANSI.sub("", str(exc).split("\n\n")[0]).split())
+
+
+def _spaced_names_hint(text: str, columns) -> str:
+    """A hint for column names that need backquotes and appear bare in the formula ``text``."""
+    bare = [c for c in map(str, columns) if _quote(c) != c and c in text and f"`{c}`" not in text]
+    return (f" Backquote column names that are not Python names: {', '.join(_quote(c) for c in bare)}."
+            if bare else "")
 
 
 def _quote(name: str) -> str:
@@ -476,6 +514,22 @@ def _plain_numeric_columns(rhs: str, raw: pd.DataFrame):
     return cols, not (lead == "0" or drop is not None)
 
 
+def _categorical_calls(formula: str) -> list:
+    """Columns the formula marks as categorical with ``C(column ...)``."""
+    return [m.strip("`") for m in re.findall(r"(?<![\w.])C\(\s*(`[^`]+`|[A-Za-z_][\w.]*)", formula)]
+
+
+def _check_column_types(frame: pd.DataFrame, columns) -> None:
+    """Dates and durations are not predictors as they stand: say which columns and how to convert."""
+    bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(frame[c])
+           or pd.api.types.is_timedelta64_dtype(frame[c]) or isinstance(frame[c].dtype, pd.PeriodDtype)]
+    if bad:
+        raise InputTypeError(
+            f"column(s) {bad} hold dates or durations, which are not numeric predictors; convert them "
+            f"first, e.g. data[{bad[0]!r}] = (data[{bad[0]!r}] - data[{bad[0]!r}].min()).dt.days (days "
+            "since the first date), or extract a part such as .dt.year.")
+
+
 def _missing_mask(data: pd.DataFrame, columns) -> np.ndarray:
     if not columns:
         return np.zeros(len(data), dtype=bool)
@@ -560,7 +614,8 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         needed_vars = sorted(needed, key=order)
         re_vars = sorted(re_vars - needed, key=order)
     except FormulaicError as exc:
-        raise FormulaError(f"cannot parse the formula {formula!r}: {exc}") from None
+        raise FormulaError(f"cannot parse the formula {formula!r}: {_formulaic_text(exc).rstrip('.')}."
+                           + _spaced_names_hint(formula, columns)) from None
     needed_vars = needed_vars + re_vars
     absent = [v for v in needed_vars if v not in columns]
     if absent:
@@ -576,6 +631,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     used = list(dict.fromkeys(used))
     raw = data[used].copy()
     raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
+    _check_column_types(raw, [v for v in needed_vars if v != response])
 
     # Missing values in predictors / grouping columns.
     predictor_cols = [v for v in needed_vars if v != response]
@@ -647,7 +703,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         if name == "Intercept":
             continue
         col = X[~mask[:, j], j]
-        sd = col.std(ddof=1) if col.size > 1 else 0.0
+        top = np.abs(col).max() if col.size else 0.0
+        unit = col / top if top > 0 else col  # no overflow in the squares of values near 1e300
+        sd = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
         if not sd > 0:
             raise InputError(
                 f"design column {name!r} is constant ({col[0] if col.size else 'empty'}); it "
@@ -655,7 +713,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
                 "from the formula."
             )
         if standardize:
-            center[j] = col.mean() if has_intercept else 0.0
+            center[j] = top * unit.mean() if has_intercept else 0.0
             scale[j] = sd
     X = np.asfortranarray((X - center) / scale)
 
@@ -695,9 +753,9 @@ def _model_matrix(rhs: str, raw: pd.DataFrame, what: str):
             warnings.simplefilter("ignore", FutureWarning)
             return formulaic.model_matrix(rhs, raw, na_action="ignore")
     except FactorEvaluationError as exc:
-        raise FormulaError(f"cannot evaluate a term of {what}: {exc}") from None
+        raise FormulaError(f"cannot evaluate a term of {what}: {_formulaic_text(exc)}") from None
     except FormulaicError as exc:
-        raise FormulaError(f"cannot parse {what}: {exc}") from None
+        raise FormulaError(f"cannot parse {what}: {_formulaic_text(exc)}") from None
 
 
 def _required_columns(rhs: str, columns, exclude) -> set:

@@ -605,6 +605,8 @@ class GPFit:
         from statsmodels.iolib.summary import Summary
         from statsmodels.iolib.table import SimpleTable
 
+        from .summary import wrap_notes
+
         s = Summary()
         resp = self.design.response if self.design is not None else "y"
         pos = self.design.positive_level if self.design is not None else "+1"
@@ -635,14 +637,23 @@ class GPFit:
                        f"(tune {st.get('tune')}, thin {st.get('thin')}); fit.diagnostics() per value")))
         if len(el) > 1:
             tail = ", ".join(f"{e:.2f}" for e in el[-5:])
-            s.add_extra_txt([f"ELBO trace (last {min(5, len(el))} of {len(el)}): {tail}",
-                             "Predictive probability: Phi(m / sqrt(1 + v)) (probit integrated over q(f*)).",
-                             "Intercept: constant kernel term 'bias.variance' (random intercept)."])
+            s.add_extra_txt(wrap_notes([
+                f"ELBO trace (last {min(5, len(el))} of {len(el)}): {tail}",
+                "Predictive probability: Phi(m / sqrt(1 + v)) (probit integrated over q(f*)).",
+                "Intercept: constant kernel term 'bias.variance' (random intercept)."]))
         return s
 
     def __repr__(self):
-        return (f"<vbsvm.GPFit {self.method} {self.formula!r} n={self.n_obs} "
-                f"m={self.n_inducing} kernel={self.kernel!r}>")
+        """A short description (method, formula, kernel); :meth:`summary` has the tables."""
+        import textwrap
+
+        from .summary import WIDTH
+
+        text = [f"Bayesian nonlinear SVM (sparse GP): {self.method}",
+                f"Formula: {self.formula}" if self.formula else f"{self.n_features} features (array input)",
+                f"n = {self.n_obs}; {self.n_inducing} inducing points; kernel {_kernel_label(self.kernel)}"]
+        lines = [line for t in text for line in textwrap.wrap(t, WIDTH, subsequent_indent="  ")]
+        return "\n".join(lines + ["fit.summary() gives the hyperparameters and diagnostics."])
 
     def _repr_html_(self):
         return self.summary().as_html()

@@ -163,8 +163,10 @@ class ImputedFit(Fit):
         ]
         return txt
 
-    def __repr__(self):
-        return f"<vbsvm.ImputedFit {self.method} {self.design.formula!r} n={self.n_obs} incomplete={self.n_incomplete}>"
+    def _description_lines(self) -> list:
+        """``repr(fit)``: how many rows had their missing predictors imputed."""
+        return super()._description_lines() + [
+            f"Missing predictors imputed in the model: {self.n_incomplete} of {self.n_obs} rows incomplete"]
 
     # ------------------------------------------------------------------ draws and ArviZ
     def _imputation_rng(self):

@@ -334,14 +334,38 @@ class Fit:
                 extra[new] += vc.loc[f"sigma2_{g.name}", "mean"] * Z[new, 0] ** 2
         return extra
 
-    def predict_score(self, newdata, new_levels="integrate"):
+    def predict_score(self, newdata, new_levels="integrate", na_action="pass"):
         """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame); rows of a
-        level not seen in training are handled as ``new_levels`` says (see :meth:`predict`)."""
+        level not seen in training, and rows with missing values, are handled as ``new_levels``
+        and ``na_action`` say (see :meth:`predict`)."""
         _check_new_levels(new_levels)
-        mean, sd = self._score_moments(*self._new_rows(newdata, new_levels=new_levels))
+        newdata, keep = self._rows_to_predict(newdata, na_action)
+        rows = newdata.iloc[keep]
+        mean, sd = self._score_moments(*self._new_rows(rows, new_levels=new_levels))
         if new_levels == "integrate":
-            sd = np.sqrt(np.nan_to_num(sd) ** 2 + self.new_level_variance(newdata))
-        return pd.DataFrame({"mean": mean, "sd": sd}, index=newdata.index)
+            sd = np.sqrt(np.nan_to_num(sd) ** 2 + self.new_level_variance(rows))
+        return _fill_rows(pd.DataFrame({"mean": mean, "sd": sd}, index=rows.index), newdata, keep, na_action)
+
+    def _rows_to_predict(self, newdata, na_action):
+        """``newdata`` (checked) and the positions of its rows the fit can predict: all of them
+        but the rows with a missing value the model cannot fill (those raise for
+        ``na_action="raise"``)."""
+        from .design import _check_frame
+
+        if na_action not in NA_ACTIONS:
+            raise InputError(f"na_action must be one of {NA_ACTIONS}; got {na_action!r}.")
+        newdata = _check_frame(newdata, "newdata")
+        incomplete = self.design.incomplete_rows(newdata, imputable=self.settings.get("missing") == "impute")
+        if incomplete.any() and na_action == "raise":
+            rows = newdata.iloc[np.flatnonzero(incomplete)]
+            cols = [c for c in self.design.raw.columns
+                    if c != self.design.response and c in rows.columns and rows[c].isna().any()]
+            raise InputError(
+                f"newdata has {int(incomplete.sum())} row(s) with missing values in column(s) {cols}; pass "
+                "na_action='pass' (NaN predictions for those rows) or na_action='drop', or fill them "
+                "(models fitted with missing='impute' fill missing predictors themselves)."
+            )
+        return newdata, np.flatnonzero(~incomplete)
 
     def _score_moments(self, dense, sc):
         """Posterior mean and sd of the score of new rows (dense part, eliminated term's
@@ -395,14 +419,14 @@ class Fit:
             pos[sl] = (f > 0).mean(0)
         return mean, sd, pos
 
-    def predict(self, newdata=None, kind="class", new_levels="integrate"):
+    def predict(self, newdata=None, kind="class", new_levels="integrate", na_action="pass"):
         """Predict new data.
 
         Parameters
         ----------
         newdata : pandas.DataFrame, optional
-            Rows to predict; default the training data. Grouping columns are used when present
-            (unseen levels get a zero random effect, with a warning).
+            Rows to predict; default the training data. Grouping columns are used when present.
+            Infinite predictor values raise :class:`~vbsvm.exceptions.InputError`.
         kind : {"class", "prob", "prob_positive", "score"}
             ``"class"``: the predicted response label (the original values, e.g. ``"spam"``),
             by the sign of the posterior mean score; ``"prob"``: the class probability
@@ -417,15 +441,27 @@ class Fit:
             over the group's distribution (the score's variance gains ``z' E[Sigma] z``, as brms'
             ``sample_new_levels``; the mean is the population-level one), ``"zero"`` sets their
             random effect to 0 (lme4's ``re.form = NA`` for those rows; warns), ``"error"`` raises.
+        na_action : {"pass", "drop", "raise"}
+            Rows with a missing value in a column the formula uses (other than missing predictors
+            that a ``missing="impute"`` fit integrates over): ``"pass"`` (default, R's
+            ``na.pass``) predicts them as NaN, keeping every row in place; ``"drop"`` leaves them
+            out of the result (R's ``na.omit``); ``"raise"`` raises
+            :class:`~vbsvm.exceptions.InputError`.
 
         Returns
         -------
         pandas.Series or pandas.DataFrame
+            Indexed like ``newdata`` (without the dropped rows for ``na_action="drop"``).
         """
         if kind not in ("class", "prob", "prob_positive", "score"):
             raise InputError(f"kind must be 'class', 'prob', 'prob_positive' or 'score'; got {kind!r}.")
-        if newdata is None:
-            newdata = self.design.raw
+        _check_new_levels(new_levels)
+        newdata, keep = self._rows_to_predict(self.design.raw if newdata is None else newdata, na_action)
+        out = self._predict_rows(newdata.iloc[keep], kind, new_levels)
+        return _fill_rows(out, newdata, keep, na_action)
+
+    def _predict_rows(self, newdata, kind, new_levels):
+        """:meth:`predict` for rows the fit can predict (every value the model needs present)."""
         score = self.predict_score(newdata, new_levels=new_levels)
         if kind == "score":
             return score
@@ -467,7 +503,14 @@ class Fit:
         return list(self.info.get("summary_tables", []))
 
     def __repr__(self):
-        return f"<vbsvm.Fit {self.method} {self.design.formula!r} n={self.n_obs}>"
+        """A short description (model, method, formula, coefficients); :meth:`summary` has the tables."""
+        from .summary import describe
+
+        return describe(self, self.coef["mean"], self._description_lines())
+
+    def _description_lines(self) -> list:
+        """Lines a model adds to ``repr(fit)`` after the coefficients."""
+        return [f"{name}: {len(levels)} groups" for name, (levels, _) in self.layout.groups.items()]
 
     def _repr_html_(self):
         return self.summary().as_html()
@@ -664,6 +707,22 @@ def pointwise_log_likelihood(y, F) -> np.ndarray:
     """
     own = -2.0 * np.maximum(0.0, 1.0 - y * F)
     return own - np.logaddexp(-2.0 * np.maximum(0.0, 1.0 - F), -2.0 * np.maximum(0.0, 1.0 + F))
+
+
+NA_ACTIONS = ("pass", "drop", "raise")
+
+
+def _fill_rows(out, newdata, keep, na_action):
+    """Predictions ``out`` of the rows ``keep`` (positions) of ``newdata``, with NaN rows put back
+    in place for ``na_action="pass"``."""
+    if na_action != "pass" or len(keep) == len(newdata):
+        return out
+    values = out.to_numpy()
+    full = np.full((len(newdata),) + values.shape[1:], np.nan, dtype=object if values.dtype == object else float)
+    full[keep] = values
+    if isinstance(out, pd.DataFrame):
+        return pd.DataFrame(full, index=newdata.index, columns=out.columns)
+    return pd.Series(full, index=newdata.index, name=out.name)
 
 
 def _check_new_levels(new_levels):

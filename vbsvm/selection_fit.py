@@ -180,18 +180,13 @@ class SelectionFit(Fit):
         return out.drop(index="alpha", errors="ignore")
 
     # ------------------------------------------------------------------ prediction
-    def predict(self, newdata=None, kind="class"):
-        """Predict new data with the paper's rule (see module docstring).
-
-        Parameters and return values as :meth:`vbsvm.results.Fit.predict`; for VB fits
-        ``kind="prob"`` is ``P(f(x) > 0)`` estimated from the iid draws from q stored by
-        :meth:`to_arviz` (the score is a spike-and-slab mixture, not Gaussian).
-        """
+    def _predict_rows(self, newdata, kind, new_levels):
+        """:meth:`vbsvm.results.Fit.predict` with the paper's rule (see module docstring): for VB
+        fits ``kind="prob_positive"`` is ``P(f(x) > 0)`` estimated from the iid draws from q
+        stored by :meth:`to_arviz` (the score is a spike-and-slab mixture, not Gaussian)."""
         if kind != "prob_positive" or self.method != "vb":
-            return super().predict(newdata, kind)
-        if newdata is None:
-            newdata = self.design.raw
-        dense, sc = self._new_rows(newdata)
+            return super()._predict_rows(newdata, kind, new_levels)
+        dense, sc = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
         draws = self._vb_draws()[0].reshape(-1, self.layout.q)
         lay = self.layout
         n = dense.shape[0]
@@ -269,9 +264,12 @@ class SelectionFit(Fit):
                                "see group 'vbsvm'")
         return dt
 
-    def __repr__(self):
-        return (f"<vbsvm.SelectionFit {self.method} {self.design.formula!r} n={self.n_obs} "
-                f"rho={self.rho:g} selected={len(self.selected)}/{len(self.sel_index)}>")
+    def _description_lines(self) -> list:
+        """``repr(fit)``: the prior and the median probability model."""
+        chosen = ", ".join(self.selected) or "none"
+        return super()._description_lines() + [
+            f"Laplace-zero prior, rho = {self.rho:.4g}: {len(self.selected)} of {len(self.sel_index)} terms "
+            f"selected (p_include > 0.5): {chosen}"]
 
     # ------------------------------------------------------------------ summary
     def prior_description(self):

@@ -6,13 +6,22 @@
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import pandas as pd
 from statsmodels.iolib.summary import Summary
 from statsmodels.iolib.table import SimpleTable
 from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 
-__all__ = ["build_summary", "frame_table", "penalty_description", "format_number"]
+__all__ = ["build_summary", "describe", "frame_table", "penalty_description", "format_number", "wrap_notes",
+           "WIDTH"]
+
+#: widest line of a text summary (statsmodels keeps 78; the tables with R-hat and ESS need more)
+WIDTH = 100
+
+#: how a moment that does not exist (an inverse-gamma mean with shape <= 1, sd with shape <= 2) is shown
+UNDEFINED = "undefined"
 
 METHOD_NAMES = {
     "vb": "Approximate posterior (fast)",
@@ -39,7 +48,7 @@ def format_number(x) -> str:
 def penalty_description(settings) -> str:
     pen = settings.get("penalty", "auto")
     if pen == "auto":
-        return f"inferred: sigma2_u ~ IG({settings['A_u']:g}, {settings['B_u']:g}), alpha = 1/(4 sigma2_u)"
+        return f"inferred: sigma2_u ~ IG({settings['A_u']:g}, {settings['B_u']:g})"
     if pen is None:
         return f"none: N(0, {settings['sigma2_beta']:g}) on every fixed effect"
     return f"fixed: alpha = {pen:g} (sigma2_u = {1 / (4 * pen):g})"
@@ -84,8 +93,25 @@ def _header(fit) -> dict:
     return head
 
 
+def describe(fit, coef: pd.Series, extra=()) -> str:
+    """The short description ``print(fit)`` shows: model and method, formula, coefficients
+    (``coef``, at most 10 of them) and ``extra`` lines, within :data:`WIDTH` columns."""
+    d = fit.design
+    what = "posterior mode" if fit.method == "map" else "posterior mean"
+    shown = ", ".join(f"{t} {format_number(v)}" for t, v in coef.iloc[:10].items())
+    more = f", ... ({len(coef)} in all)" if len(coef) > 10 else ""
+    lines = [f"{fit.info.get('model', 'Bayesian linear SVM')}: {METHOD_NAMES.get(fit.method, fit.method)}",
+             f"Formula: {d.formula}",
+             f"n = {d.n}; +1 = {d.positive_level!r}, -1 = {d.negative_level!r}"]
+    lines += textwrap.wrap(f"Coefficients ({what}): {shown}{more}", WIDTH, subsequent_indent="  ")
+    lines += [line for text in extra for line in textwrap.wrap(text, WIDTH, subsequent_indent="  ")]
+    lines.append("fit.summary() gives intervals and diagnostics.")
+    return "\n".join(lines)
+
+
 def _header_table(head: dict, title: str) -> SimpleTable:
-    """Two side-by-side columns of ``label: value`` pairs, as in statsmodels' model summaries."""
+    """``label: value`` pairs in two side-by-side columns, as in statsmodels' model summaries, or
+    in one column when two would be wider than :data:`WIDTH`."""
     items = [(k, v if isinstance(v, str) else format_number(v)) for k, v in head.items()]
     half = (len(items) + 1) // 2
     left, right = items[:half], items[half:]
@@ -93,7 +119,18 @@ def _header_table(head: dict, title: str) -> SimpleTable:
         right.append(("", ""))
     table = SimpleTable([[v] for _, v in left], stubs=[k for k, _ in left], title=title, txt_fmt=fmt_2cols)
     table.extend_right(SimpleTable([[v] for _, v in right], stubs=[k for k, _ in right], txt_fmt=fmt_2cols))
-    return table
+    if _width(table) <= WIDTH:
+        return table
+    return SimpleTable([[v] for _, v in items], stubs=[k for k, _ in items], title=title, txt_fmt=fmt_2cols)
+
+
+def _width(table: SimpleTable) -> int:
+    return max(map(len, table.as_text().splitlines()))
+
+
+def wrap_notes(notes) -> list:
+    """Each note wrapped to :data:`WIDTH` columns (for ``Summary.add_extra_txt``)."""
+    return [textwrap.fill(note, WIDTH, break_on_hyphens=False) for note in notes]
 
 
 def frame_table(df: pd.DataFrame, title: str | None = None) -> SimpleTable:
@@ -118,14 +155,29 @@ def build_summary(fit, level: float) -> Summary:
         rows = [f"beta[{t}]" for t in coef.index]
         diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
-        coef = coef.join(diag)
-    smry.tables.append(frame_table(coef))
+        joined = frame_table(coef.join(diag))
+        if _width(joined) <= WIDTH:
+            smry.tables.append(joined)
+        else:  # long term names: the diagnostics get a table of their own
+            smry.tables += [frame_table(coef), frame_table(diag, "Sampler diagnostics of the coefficients")]
+    else:
+        smry.tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
+    undefined, alpha = False, False
     if fit.layout.variances or fit.layout.covariances:
         vc = fit.varcomp(level)
         if fit.method == "gibbs":  # R-hat and bulk ESS of each component (alpha is sigma2_u's)
-            diag = fit.diagnostics().reindex(vc.index)
+            diag = fit.diagnostics()
+            if "alpha" in vc.index:  # rank-normalized R-hat and ESS are those of sigma2_u
+                diag.loc["alpha"] = diag.loc["sigma2_u"]
+            diag = diag.reindex(vc.index)
             vc["r_hat"] = diag["r_hat"].to_numpy()
-            vc["ess_bulk"] = diag["ess_bulk"].round().to_numpy()
+            vc["ess_bulk"] = [int(round(v)) if np.isfinite(v) else "" for v in diag["ess_bulk"]]
+        if fit.method == "map":
+            vc = _mode_only(vc)
+        undefined = bool(np.isinf(vc[["mean", "sd"]].to_numpy(dtype=float)).any()) if "sd" in vc else False
+        if undefined:
+            vc = vc.astype(object).mask(vc.isin([np.inf]), UNDEFINED)
+        alpha = "alpha" in vc.index
         smry.tables.append(frame_table(vc, "Variance components and penalty"))
     for title, table in fit.summary_tables(level):
         smry.tables.append(frame_table(table, title))
@@ -135,6 +187,12 @@ def build_summary(fit, level: float) -> Summary:
         f"Intervals: {100 * level:g}% "
         + ("Gaussian q-intervals." if fit.method == "vb" else "equal-tailed posterior quantiles." if fit.method == "gibbs" else "not available for a mode."),
     ]
+    if alpha:
+        notes.append("Penalty: alpha = 1/(4 sigma2_u), the weight of the ridge term alpha ||beta||^2 on the "
+                     "non-intercept fixed effects.")
+    if undefined:
+        notes.append(f"{UNDEFINED}: the moment does not exist for that variance's inverse-gamma posterior "
+                     "(mean: shape <= 1, sd: shape <= 2); read its interval instead.")
     if fit.method == "vb" and "log_evidence" in fit.posterior:
         notes.append("Calibrated approximation: expectation propagation integrated over a grid of the "
                      "variances (intervals from the mixture's moments); compare with method='gibbs'.")
@@ -142,7 +200,13 @@ def build_summary(fit, level: float) -> Summary:
         notes.append("Mean-field VB sds for this augmentation are typically about half of MCMC's; "
                      "check with vbsvm.compare(fit_vb, fit_gibbs).")
     if "approximation_note" in fit.info:
-        notes.append(fit.info["approximation_note"].capitalize() + ".")
+        note = fit.info["approximation_note"]
+        notes.append(note[:1].upper() + note[1:] + ".")
     notes.extend(fit.info.get("summary_notes", []))
-    smry.add_extra_txt(notes)
+    smry.add_extra_txt(wrap_notes(notes))
     return smry
+
+
+def _mode_only(table: pd.DataFrame) -> pd.DataFrame:
+    """A table of a posterior mode: the value is the ``mode`` (not a mean); no sd or interval."""
+    return table[["mean"]].rename(columns={"mean": "mode"})
