@@ -91,7 +91,9 @@ def test_unseen_group_predicts_at_population_level(fits, grouped):
         s2 = fit.varcomp().loc["sigma2_group", "mean"]
         np.testing.assert_allclose(integ["sd"] ** 2, zero["sd"] ** 2 + s2)
         p = fit.predict(new, kind="prob")
-        np.testing.assert_allclose(p, stats.norm.cdf(integ["mean"] / np.sqrt(1 + integ["sd"] ** 2)))
+        a, b = fit.info["prob_calibration"]
+        assert b == 0.0 and 0 < a < 10
+        np.testing.assert_allclose(p, stats.norm.cdf(a * integ["mean"] / np.sqrt(1 + (a * integ["sd"]) ** 2)))
         with pytest.raises(InputError, match="new_levels"):
             fit.predict(new, new_levels="error")
 
@@ -332,3 +334,14 @@ def test_infinite_inverse_gamma_moments_are_shown_as_undefined():
     assert row[1:3] == ["undefined", "undefined"]
     assert "mean: shape <= 1, sd: shape <= 2" in " ".join(text.split())
     assert not any(tok in ("inf", "-inf") for tok in text.split())
+
+
+def test_probit_calibration_recovers_a_known_scale():
+    """fit_probit_calibration is the maximum-likelihood scale of the probit predictive."""
+    from vbsvm.results import fit_probit_calibration, probit_predictive
+
+    rng = np.random.default_rng(4)
+    m, s = rng.normal(0, 1.5, 20000), rng.uniform(0, 1, 20000)
+    y = np.where(rng.random(m.size) < probit_predictive(m, s, 0.6), 1.0, -1.0)
+    a, b = fit_probit_calibration(m, s, y)
+    assert b == 0.0 and a == pytest.approx(0.6, abs=0.03)

@@ -16,7 +16,7 @@ from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
 from .models.linear import LinearSVMModel
-from .results import Fit, ThetaLayout
+from .results import Fit, ThetaLayout, fit_probit_calibration
 
 __all__ = ["svm", "load"]
 
@@ -152,13 +152,16 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         from .models.missing import fit_imputed
         fit = fit_imputed(design, settings)
     else:
-        return _fit_linear(design, settings)
-    if fit.method == "vb":
+        fit = _fit_linear(design, settings)
+    if fit.method == "vb" and "approximation" not in fit.info:
         fit.info["approximation"] = APPROXIMATIONS["meanfield"]
         if settings["approximation"] == "calibrated":
             fit.info["approximation_note"] = (
                 "the calibrated approximation does not cover LaplaceZero or missing='impute' yet: this "
                 "is the mean-field fit; check it against method='gibbs'")
+    # the scale and shift of kind="prob", fitted on the training rows (see fit_probit_calibration)
+    score = fit.predict_score(design.raw, new_levels="zero")
+    fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
     return fit
 
 
