@@ -7,6 +7,7 @@ import time
 import warnings
 
 import numpy as np
+import pandas as pd
 
 from .design import build_design
 from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError, InputTypeError
@@ -159,8 +160,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
             fit.info["approximation_note"] = (
                 "the calibrated approximation does not cover LaplaceZero or missing='impute' yet: this "
                 "is the mean-field fit; check it against method='gibbs'")
-    # the scale and shift of kind="prob", fitted on the training rows (see fit_probit_calibration)
-    score = fit.predict_score(design.raw, new_levels="zero")
+    # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
+    # blocks of rows so that the prediction's copies of the design stay small
+    step = max(1024, 2 ** 20 // max(design.p, 1))
+    score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
+                       for s in range(0, design.n, step)])
     fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
     return fit
 
@@ -201,7 +205,8 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
     * a grouping factor with **a single level** (confounded with the intercept) or with **one
       row per level** (its intercepts can absorb every point).
     """
-    X = design.X[~np.isnan(design.X).any(axis=1)]
+    complete = ~np.isnan(design.X).any(axis=1)
+    X = design.X if complete.all() else design.X[complete]
     names = list(design.column_names)
     n, p = X.shape
     if n and p:

@@ -489,11 +489,17 @@ class _PlainSpec:
         return (["Intercept"] if self.intercept else []) + list(self.columns)
 
     def matrix(self, data: pd.DataFrame) -> np.ndarray:
+        """The model matrix, Fortran-ordered, filled column by column (no whole-frame copy)."""
+        k = int(self.intercept)
+        X = np.empty((len(data), k + len(self.columns)), order="F")
+        if k:
+            X[:, 0] = 1.0
         try:
-            X = data[self.columns].to_numpy(dtype=float, na_value=np.nan)
+            for j, c in enumerate(self.columns):
+                X[:, k + j] = data[c].to_numpy(dtype=float, na_value=np.nan)
         except (TypeError, ValueError) as exc:
             raise InputError(f"predictor columns {self.columns} must be numeric ({exc}).") from None
-        return np.hstack([np.ones((len(data), 1)), X]) if self.intercept else X.copy()
+        return X
 
     def get_model_matrix(self, data, na_action=None):
         return self.matrix(data)
@@ -715,7 +721,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         if standardize:
             center[j] = top * unit.mean() if has_intercept else 0.0
             scale[j] = sd
-    X = np.asfortranarray((X - center) / scale)
+    X = np.asfortranarray(X)  # in place from here: the design is the one n x p copy of the data
+    X -= center
+    X /= scale
 
     gfactors = _random_effect_terms(re_terms, raw, missing)
     labels = [g.name for g in gfactors]
