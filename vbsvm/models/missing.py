@@ -96,7 +96,7 @@ from ..exceptions import InputError, InputTypeError
 from . import hinge
 from .linear import CoefficientPosterior, LinearSVMModel, fixed_effect_precision
 
-__all__ = ["ImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
+__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
            "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
 
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -312,8 +312,9 @@ class ImputedSVMModel:
         ----------
         Lam : ndarray (d, d)
             ``Sigma^{-1}`` (Gibbs) or ``E[Sigma^{-1}]`` (VB).
-        Lam_mu : ndarray (d,)
-            ``Sigma^{-1} mu`` or ``E[Sigma^{-1}] E[mu]``.
+        Lam_mu : ndarray (d,) or (n, d)
+            ``Sigma^{-1} mu`` or ``E[Sigma^{-1}] E[mu]`` (one row per data row when the mean
+            depends on the row, as in the conditional model).
         w : ndarray (n,)
             ``1/a_i`` or ``E[1/a_i]``.
         beta_D : ndarray (d,)
@@ -334,7 +335,8 @@ class ImputedSVMModel:
             M, O, R = pat.miss, pat.obs, pat.rows
             V, lam, logdet_A = _pattern_factor(Lam[np.ix_(M, M)], Omega_DD[np.ix_(M, M)])
             wR = w[R]
-            h = Lam_mu[M] + (self.y[R] * (1.0 + wR))[:, None] * beta_D[M] - wR[:, None] * r_beta[pat.pos][:, M]
+            base = Lam_mu[R][:, M] if np.ndim(Lam_mu) == 2 else Lam_mu[M]
+            h = base + (self.y[R] * (1.0 + wR))[:, None] * beta_D[M] - wR[:, None] * r_beta[pat.pos][:, M]
             if O.size:
                 dO = self.D0[np.ix_(R, O)]
                 h = h - dO @ Lam[np.ix_(O, M)] - wR[:, None] * (dO @ Omega_DD[np.ix_(O, M)])
@@ -521,11 +523,204 @@ class ImputedSVMModel:
 
     def sample_missing(self, theta, f, w, mu, Lam, cells, rng):
         """One draw of every missing cell from its full conditional (row blocks are independent)."""
+        return self._draw_blocks(self.gibbs_missing_conditional(theta, f, w, mu, Lam), cells, rng)
+
+    def _draw_blocks(self, blocks, cells, rng):
+        """Draw every missing cell from the Gaussian row blocks of :meth:`missing_block`."""
         new = np.array(cells, copy=True)
-        for pat, blk in zip(self.patterns, self.gibbs_missing_conditional(theta, f, w, mu, Lam)):
+        for pat, blk in zip(self.patterns, blocks):
             z = rng.standard_normal(blk["g"].shape)
             new[pat.cells] = blk["mean"] + (np.sqrt(blk["g"]) * z) @ blk["V"].T
         return new
+
+
+class CutImputedSVMModel(ImputedSVMModel):
+    r"""The conditional imputation model, cut from the SVM (``imputation="conditional"``).
+
+    Model. With :math:`c_i \in \{0, 1\}` the class of row i (:math:`y_i = -1, +1`),
+
+    .. math::
+
+        d_i \mid y_i, m, \Sigma \overset{ind.}{\sim} N(m_{c_i}, \Sigma), \quad
+        m_0, m_1 \overset{iid}{\sim} N(0, \sigma_\mu^2 I_d), \quad \Sigma \sim IW(\Psi, \nu),
+
+    i.e. a Gaussian model of the predictors with the label as a covariate
+    (:math:`\mu = (m_0 + m_1)/2`, label effect :math:`\gamma = (m_1 - m_0)/2`); a missing cell is
+    imputed from its regression on the row's observed predictors **and its label**. The SVM
+    blocks (:math:`\theta`, :math:`a`, variances) are those of the linear model given the
+    completed design. The hinge pseudo-likelihood does not feed back into
+    :math:`(D_{mis}, m, \Sigma)`: this is a *cut* (Plummer 2015), whose target is
+
+    .. math::
+
+        p_{cut}(\theta, D_{mis}, m, \Sigma) = p(D_{mis}, m, \Sigma \mid D_{obs}, y)\,
+            p(\theta \mid y, D_{obs}, D_{mis}).
+
+    Full conditionals of the imputation block (no :math:`\theta`, no :math:`a`):
+
+    .. math::
+
+        d_{i,\mathcal M_i} \mid \text{rest} &\sim N(\Sigma_i h_i, \Sigma_i), \quad
+            \Sigma_i^{-1} = \Lambda_{\mathcal M_i\mathcal M_i}, \quad
+            h_i = [\Lambda m_{c_i} - \Lambda_{\cdot\mathcal O_i} d_{i,\mathcal O_i}]_{\mathcal M_i}, \\
+        m_c \mid \text{rest} &\sim N\big((n_c\Lambda + \sigma_\mu^{-2} I)^{-1}\Lambda
+            \textstyle\sum_{i: c_i = c} d_i,\; (n_c\Lambda + \sigma_\mu^{-2} I)^{-1}\big), \\
+        \Sigma \mid \text{rest} &\sim IW\big(\Psi + \textstyle\sum_i (d_i - m_{c_i})(d_i - m_{c_i})^T,
+            \nu + n\big),
+
+    (:meth:`ImputedSVMModel.missing_block` with :math:`w = 0`, :math:`\beta_D = 0`).
+
+    **Gibbs** (:meth:`gibbs_sweep`): one sweep draws :math:`D_{mis}, m, \Sigma` from the conditionals
+    above, then :math:`\theta, a`, variances from the linear model's conditionals given the
+    completed design. The imputation chain is an exact Gibbs sampler of
+    :math:`p(D_{mis}, m, \Sigma \mid D_{obs}, y)`; the SVM step is one sweep of a kernel whose
+    stationary law is :math:`p(\theta \mid y, D)` for the current completion. This is the usual
+    "naive" cut sampler: exact when the SVM step mixes within a sweep, otherwise an approximation
+    of :math:`p_{cut}` (Plummer 2015, Section 3). It is checked against multiple imputation
+    (completed data sets drawn from the imputation posterior, each fitted by Gibbs, draws
+    pooled) in ``tests/test_missing.py``.
+
+    **VB** (:meth:`vb_sweep`): the imputation model's mean-field
+    :math:`q(m_0)q(m_1)q(\Sigma)\prod_i q(d_{i,\mathcal M_i})` is fitted first, alone
+    (:meth:`fit_imputation_vb`: :math:`q(d_{i\mathcal M}) = N(\cdot, E[\Lambda]_{\mathcal M\mathcal M}^{-1})`,
+    :math:`q(m_c)`, :math:`q(\Sigma) = IW(\Psi + E\sum_i (d_i - m_{c_i})(\cdot)^T, \nu + n)`); then the
+    SVM's factors are Algorithm 2's with expectations over the fixed :math:`q(D_{mis})`:
+    :math:`C^TWC \to \tilde C^TW\tilde C + \sum_i w_i \mathrm{Cov}_q(c_i)`,
+    :math:`\chi_i = (1 - y_i\tilde c_i^T\mu_\theta)^2 + \tilde c_i^T\Sigma_\theta\tilde c_i
+    + \mathrm{tr}\{(\Sigma_\theta + \mu_\theta\mu_\theta^T)_{DD}\mathrm{Cov}_q(d_i)\}`. The reported ELBO is the
+    SVM part's bound given :math:`q(D_{mis})`.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cls = (self.y > 0).astype(np.int64)
+        self.n_class = np.bincount(self.cls, minlength=2)
+        self.state_size = self.n + len(self.linear.variance_components)
+        self.imputation_q = None
+
+    # ------------------------------------------------------------------ imputation block
+    def class_means_conditional(self, D, Lam) -> list:
+        """Full conditionals (Gibbs) / optimal q (VB) of ``m_0`` and ``m_1`` (classes -1, +1)."""
+        sums = np.stack([D[self.cls == c].sum(axis=0) for c in (0, 1)])
+        return [Gaussian(self.n_class[c] * Lam + np.eye(self.d) / self.sigma2_mu, Lam @ sums[c]) for c in (0, 1)]
+
+    def imputation_blocks(self, Lam, means) -> list:
+        """Gaussian blocks of the missing cells given ``Lam = Sigma^{-1}`` and the class means
+        ``means`` (2, d): :meth:`missing_block` without the hinge (``w = 0``, ``beta_D = 0``)."""
+        d = self.d
+        return self.missing_block(Lam, (means @ Lam)[self.cls], np.zeros(self.n), np.zeros(d),
+                                  np.zeros((d, d)), np.zeros((self.mrows.size, d)))
+
+    def _scatter(self, D, means, sum_cov=0.0, mean_covs=None):
+        resid = D - means[self.cls]
+        out = resid.T @ resid + sum_cov
+        if mean_covs is not None:
+            out = out + self.n_class[0] * mean_covs[0] + self.n_class[1] * mean_covs[1]
+        return out
+
+    def fit_imputation_vb(self, tol=1e-10, max_iter=2000) -> dict:
+        """Mean-field VB of the imputation model alone (coordinate ascent to a fixed point).
+
+        Returns
+        -------
+        dict
+            ``cells`` (q-means of the missing cells), ``blocks`` (per pattern: ``V``, ``g`` with
+            ``Cov = V diag(g) V^T``), ``cov`` (per pattern covariance), ``means`` (2, d) and
+            ``mean_covs`` (2, d, d) of ``q(m_c)``, ``Sigma`` (``q(Sigma)``), ``iterations``,
+            ``converged``.
+        """
+        means = np.tile(self.obs_mean, (2, 1))
+        Psi_q = np.diag((self.nu + self.n) * self.obs_var)
+        self.set_cells(self.obs_mean[self.cell_cols])
+        old = None
+        converged = False
+        for it in range(1, max_iter + 1):
+            Lam = (self.nu + self.n) * _chol_inv(Psi_q)
+            blocks = self.imputation_blocks(Lam, means)
+            cells = np.zeros(self.n_cells)
+            sum_cov = np.zeros((self.d, self.d))
+            for pat, blk in zip(self.patterns, blocks):
+                cells[pat.cells] = blk["mean"]
+                sum_cov += self._embed(pat, (blk["V"] * blk["g"].sum(axis=0)) @ blk["V"].T)
+            self.set_cells(cells)
+            D = self.current_D()
+            q_m = self.class_means_conditional(D, Lam)
+            means = np.stack([g.mean() for g in q_m])
+            mean_covs = np.stack([g.cov() for g in q_m])
+            q_S = self.Sigma_conditional(self._scatter(D, means, sum_cov, mean_covs))
+            Psi_q = q_S.scale
+            new = np.concatenate([cells, means.ravel(), Psi_q.ravel()])
+            if old is not None and np.max(np.abs(new - old)) <= tol * (1.0 + np.max(np.abs(new))):
+                converged = True
+                break
+            old = new
+        covs = [blk["V"] @ blk["V"].T * 1.0 for blk in blocks]  # g = 1: Cov = Lam_MM^{-1}
+        return {"cells": cells, "blocks": blocks, "cov": covs, "means": means, "mean_covs": mean_covs,
+                "Sigma": q_S, "iterations": it, "converged": converged}
+
+    # ------------------------------------------------------------------ VB
+    def vb_initial_state(self):
+        """Fits the imputation q (once), then starts the SVM at w = 1, E[1/sigma2] = 1."""
+        if self.imputation_q is None:
+            self.imputation_q = self.fit_imputation_vb()
+        return np.concatenate([np.zeros(self.n), np.log(self._Aq)])
+
+    def vb_sweep(self, state):
+        """One pass of the SVM's factors given the fixed ``q(D_mis)``; returns ``(state, q, elbo)``."""
+        lin, iq, n = self.linear, self.imputation_q, self.n
+        chi, Bq = np.exp(state[:n]), np.exp(state[n:])
+        w = hinge.expected_inverse(chi)
+        tau = lin.prior_precision(self._Aq / Bq)
+        self.set_cells(iq["cells"])
+        extra = np.zeros((lin.qd, lin.qd))
+        if self.dm:
+            mcd = self.imp_cols[self.mcols]
+            extra[np.ix_(mcd, mcd)] = sum(w[pat.rows].sum() * self._embed(pat, cov, size="m")
+                                          for pat, cov in zip(self.patterns, iq["cov"]))
+        post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra)
+        mean, dcov, covd = post.mean, post.diag_cov(), post.cov_dense()
+        muD = mean[self.imp_cols]
+        Omega = covd[np.ix_(self.imp_cols, self.imp_cols)] + np.outer(muD, muD)
+        mf, vf = post.linear_predictor()
+        for pat, cov in zip(self.patterns, iq["cov"]):
+            vf[pat.rows] += float(np.sum(Omega[np.ix_(pat.miss, pat.miss)] * cov))
+        chi_new = hinge.update_chi(self.y, mf, vf)
+        q_var = lin.variance_posterior(lin.second_moments(mean, dcov))
+        means, mean_covs = iq["means"], iq["mean_covs"]
+        q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "theta_cov_dense": covd,
+             "chi": chi_new, "variances": q_var, "mean_f": mf, "var_f": vf,
+             "cells_mean": iq["cells"], "blocks": iq["blocks"], "Sigma": iq["Sigma"],
+             "class_means": means, "class_mean_covs": mean_covs,
+             "mu_mean": means.mean(axis=0), "mu_cov": mean_covs.sum(axis=0) / 4.0}
+        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b) if lin.variance_components else np.zeros(0)])
+        return new_state, q, lin.elbo(q)
+
+    # ------------------------------------------------------------------ Gibbs
+    def gibbs_initial_state(self, rng):
+        """Dispersed start of the missing cells (see :class:`ImputedSVMModel`), class means at
+        the observed means."""
+        state = super().gibbs_initial_state(rng)
+        state["means"] = np.tile(self.obs_mean, (2, 1))
+        state["Lam_imp"] = state.pop("Lam")
+        state.pop("mu")
+        return state
+
+    def gibbs_sweep(self, state, rng):
+        """D_mis | m, Sigma; m | D; Sigma | D, m (the imputation chain); then theta, 1/a and the
+        variances of the linear model given the completed design."""
+        Lam = state["Lam_imp"]
+        cells = self._draw_blocks(self.imputation_blocks(Lam, state["means"]), state["cells"], rng)
+        self.set_cells(cells)
+        D = self.current_D()
+        means = np.stack([g.sample(rng) for g in self.class_means_conditional(D, Lam)])
+        Sigma = self.Sigma_conditional(self._scatter(D, means)).sample(rng)
+        Lam = _chol_inv(Sigma)
+        scan = self.linear.gibbs_sweep({"w": state["w"], "tau": state["tau"]}, rng)
+        theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
+        return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "means": means, "Lam_imp": Lam,
+                "theta": theta, "sigma2": sigma2, "x_missing": cells, "Sigma": Sigma,
+                "mu": means.mean(axis=0), "gamma": 0.5 * (means[1] - means[0]),
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
 
 # --------------------------------------------------------------------------- checks and settings
@@ -647,8 +842,13 @@ def fit_imputed(design, settings):
     sigma2_mu, Psi, nu = _hyperparameters(settings, imp.size)
     fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
-    model = ImputedSVMModel(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
-                            B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
+    imputation = settings.get("imputation", "conditional")
+    if imputation not in ("conditional", "joint"):
+        raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
+    cut = imputation == "conditional"
+    cls = CutImputedSVMModel if cut else ImputedSVMModel
+    model = cls(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
+                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
     lin = model.linear
     from ..results import ThetaLayout
 
@@ -661,7 +861,7 @@ def fit_imputed(design, settings):
         "model": "Bayesian linear SVM with imputed missing predictors"
                  + (" and random intercepts" if design.groups else ""),
         "imputation": {
-            "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
+            "model": imputation, "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
             "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
             "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
         },
@@ -699,6 +899,11 @@ def fit_imputed(design, settings):
             "Sigma_scale": q["Sigma"].scale * Sg,
             "Sigma_df": np.float64(q["Sigma"].df),
         }
+        if cut:
+            posterior["class_means_mean"] = center + scale * q["class_means"]
+            posterior["class_means_cov"] = q["class_mean_covs"] * Sg
+            info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
+                                      vb_converged=bool(model.imputation_q["converged"]))
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     else:
         from ..inference.gibbs import run_chains
@@ -706,7 +911,8 @@ def fit_imputed(design, settings):
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
                          n_jobs=settings["n_jobs"],
-                         record=("theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma"))
+                         record=("theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
+                         + (("gamma",) if cut else ()))
         theta = res.draws["theta"].copy()
         theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
         posterior = {
@@ -716,6 +922,8 @@ def fit_imputed(design, settings):
             "mu_draws": center + scale * res.draws["mu"],
             "Sigma_draws": res.draws["Sigma"] * np.outer(scale, scale),
         }
+        if cut:
+            posterior["gamma_draws"] = scale * res.draws["gamma"]
         info.update(seconds=res.seconds)
     fit = ImputedFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     fit.info["summary_notes"] = fit._imputation_notes()
