@@ -715,7 +715,10 @@ class CutImputedSVMModel(ImputedSVMModel):
         means = np.stack([g.sample(rng) for g in self.class_means_conditional(D, Lam)])
         Sigma = self.Sigma_conditional(self._scatter(D, means)).sample(rng)
         Lam = _chol_inv(Sigma)
-        scan = self.linear.gibbs_sweep({"w": state["w"], "tau": state["tau"]}, rng)
+        w = state["w"]
+        if "theta" in state:  # 1/a | theta, new D: keeps (theta, a) | D's law invariant for the new D
+            w = hinge.sample_inverse(self.y, self.linear.predictor(state["theta"]), rng)
+        scan = self.linear.gibbs_sweep({"w": w, "tau": state["tau"]}, rng)
         theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
         return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "means": means, "Lam_imp": Lam,
                 "theta": theta, "sigma2": sigma2, "x_missing": cells, "Sigma": Sigma,
