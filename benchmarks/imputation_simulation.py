@@ -15,6 +15,8 @@ For each replicate we fit, by mean-field VB and by Gibbs,
 * ``joint``: ``missing="impute", imputation="joint"``, the paper's model (Algorithm 4 /
   Appendix C), reported for its measured distortion (x1's coefficient inflated);
 * ``cc``: the complete cases;
+* ``conditional-expected`` (VB only): the cut model's single mean-field q with expectations
+  over q(D_mis) (``vb_completions=0``), instead of the default pool over 20 completions;
 
 and measure the correlation of the imputed means with the deleted values and the Euclidean
 distance of the coefficient means to the ``full`` fit of the same engine. For comparison:
@@ -46,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm  # noqa: E402
 from vbsvm.exceptions import DiagnosticWarning  # noqa: E402
+from vbsvm.models import missing as missing_module  # noqa: E402
+
+DEFAULT_COMPLETIONS = missing_module.VB_COMPLETIONS
 
 FORMULA = "y ~ x1 + x2 + x3"
 KINDS = ("conditional", "joint")
@@ -87,6 +92,12 @@ def one_replicate(seed, imputations, gibbs_kw):
         for kind in KINDS:
             fits[engine, kind] = vbsvm.svm(FORMULA, data=inc, missing="impute", imputation=kind, **kw)
         fits[engine, "cc"] = vbsvm.svm(FORMULA, data=inc, **kw)
+    # the single-q VB of the cut with expectations over q(D_mis) (not the default; see pooled_vb_cut)
+    missing_module.VB_COMPLETIONS = 0
+    try:
+        fits["vb", "conditional-expected"] = vbsvm.svm(FORMULA, data=inc, missing="impute", method="meanfield")
+    finally:
+        missing_module.VB_COMPLETIONS = DEFAULT_COMPLETIONS
     coef = {k: f.coef["mean"].to_numpy() for k, f in fits.items()}
 
     one = np.ones(len(full))
@@ -105,9 +116,9 @@ def one_replicate(seed, imputations, gibbs_kw):
     coef["vb", "mi-outcome"] = np.mean(mi, axis=0)  # its imputed means are regression_with_y
 
     for engine in ("vb", "gibbs"):
-        for kind in KINDS:
+        for kind in KINDS + (("conditional-expected",) if engine == "vb" else ()):
             row[f"corr_{engine}_{kind}"] = float(np.corrcoef(fits[engine, kind].imputed["mean"], truth)[0, 1])
-        for kind in KINDS + ("cc",) + (("mi-outcome",) if engine == "vb" else ()):
+        for kind in KINDS + ("cc",) + (("mi-outcome", "conditional-expected") if engine == "vb" else ()):
             row[f"dist_{engine}_{kind}"] = float(np.linalg.norm(coef[engine, kind] - coef[engine, "full"]))
             row[f"beta_x1_ratio_{engine}_{kind}"] = float(coef[engine, kind][1] / coef[engine, "full"][1])
     # VB (meanfield) vs Gibbs, conditional model: imputed means and coefficients in Gibbs sd
@@ -115,6 +126,9 @@ def one_replicate(seed, imputations, gibbs_kw):
         vb, gb = fits["vb", kind], fits["gibbs", kind]
         row[f"vb_gibbs_corr_imputed_{kind}"] = float(np.corrcoef(vb.imputed["mean"], gb.imputed["mean"])[0, 1])
         row[f"vb_gibbs_max_sd_{kind}"] = float(np.max(np.abs(vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]))
+    gb = fits["gibbs", "conditional"]
+    row["vb_gibbs_max_sd_conditional-expected"] = float(np.max(
+        np.abs(fits["vb", "conditional-expected"].coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]))
     return row
 
 
