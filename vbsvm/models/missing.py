@@ -1,8 +1,22 @@
-r"""Missing predictor values imputed inside the model (Luts & Ormerod 2014, Section 3.3,
-Algorithm 4 and Appendix C).
+r"""Missing predictor values imputed inside the model.
 
-Model
------
+Two imputation models (``vbsvm.svm(..., missing="impute", imputation=...)``):
+
+* ``"conditional"`` (default; :class:`CutImputedSVMModel`, full conditionals and the two
+  engines in its docstring): :math:`d_i \mid y_i \sim N(m_{y_i}, \Sigma)`, the missing predictors
+  modelled given the observed ones and the label, cut from the SVM (Plummer 2015): the hinge
+  does not feed back into the imputations. Gibbs draws the imputation block from its own
+  posterior, then the SVM given the completed data; VB fits the imputation q first and pools
+  the SVM's mean-field fits of completions drawn from it (:func:`pooled_vb_cut`).
+* ``"joint"``: the paper's model (Luts & Ormerod 2014, Section 3.3, Algorithm 4 and Appendix C),
+  :class:`ImputedSVMModel`, described below. Its hinge pseudo-likelihood is not normalised in
+  y, so an incomplete row gains by moving its imputation to its label's side, which inflates the
+  imputed column's coefficient (``benchmarks/imputation_simulation.py``); kept for the
+  reproduction of the paper's Figure 4.
+
+The paper's joint model
+-----------------------
+
 Let :math:`X` (n x p) be the standardized fixed-effect design, :math:`D` (n x d) its
 non-intercept columns (the *imputation columns*; every non-intercept column, observed or not,
 so that a missing entry borrows strength from the observed ones) and
