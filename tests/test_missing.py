@@ -641,68 +641,6 @@ def test_predict_complete_rows_matches_linear_formula(fits, logdata):
         np.testing.assert_allclose(ours["mean"], draws_mean, rtol=1e-10)
 
 
-def test_predict_vb_integrates_over_missing_entries(fits, logdata):
-    fit = fits["vb_joint"]
-    new = logdata.iloc[:40].copy()
-    new["chol"] = np.nan
-    new.iloc[:10, new.columns.get_loc("x2")] = np.nan
-    score = fit.predict(new, kind="score")
-    P = fit.posterior
-    # independent computation: conditional of the missing entries under N(E mu, E[Sigma^-1]^-1)
-    Sigma = P["Sigma_scale"] / float(P["Sigma_df"])
-    mu = P["mu_mean"]
-    X = fit.design.new_X(new, allow_missing=True, standardized=False)
-    beta, V = P["theta_mean"], P["theta_cov_dense"]
-    for i in [0, 15]:
-        x = X[i].copy()
-        miss = np.flatnonzero(np.isnan(x[1:]))
-        obs = np.flatnonzero(~np.isnan(x[1:]))
-        S_oo, S_mo = Sigma[np.ix_(obs, obs)], Sigma[np.ix_(miss, obs)]
-        cm = mu[miss] + S_mo @ np.linalg.solve(S_oo, x[1:][obs] - mu[obs])
-        cv = Sigma[np.ix_(miss, miss)] - S_mo @ np.linalg.solve(S_oo, S_mo.T)
-        x[1 + miss] = cm
-        mean = x @ beta
-        var = x @ V @ x + beta[1 + miss] @ cv @ beta[1 + miss] + np.sum(V[np.ix_(1 + miss, 1 + miss)] * cv)
-        assert score["mean"].iloc[i] == pytest.approx(mean, rel=1e-9)
-        assert score["sd"].iloc[i] == pytest.approx(np.sqrt(var), rel=1e-9)
-    prob = fit.predict(new, kind="prob_positive")
-    np.testing.assert_allclose(prob, stats.norm.cdf(score["mean"] / score["sd"]))
-    assert set(fit.predict(new).unique()) <= {0, 1}
-
-
-def test_predict_gibbs_integrates_over_missing_entries(fits, logdata):
-    fit = fits["gibbs_joint"]
-    new = logdata.iloc[:6].copy()
-    new["chol"] = np.nan
-    new.iloc[:2, new.columns.get_loc("x2")] = np.nan
-    score = fit.predict(new, kind="score")
-    prob = fit.predict(new, kind="prob_positive")
-    # Monte Carlo: per draw, x_M | x_O ~ N under (mu, Sigma) of that draw
-    rng = np.random.default_rng(0)
-    theta = fit._theta_draws()
-    mus = fit.posterior["mu_draws"].reshape(-1, 3)
-    Sigmas = fit.posterior["Sigma_draws"].reshape(-1, 3, 3)
-    X = fit.design.new_X(new, allow_missing=True, standardized=False)
-    for i in range(6):
-        x = X[i]
-        miss = np.flatnonzero(np.isnan(x[1:]))
-        obs = np.flatnonzero(~np.isnan(x[1:]))
-        fs = []
-        for s in range(theta.shape[0]):
-            S, mu = Sigmas[s], mus[s]
-            K = np.linalg.solve(S[np.ix_(obs, obs)], S[np.ix_(obs, miss)])
-            cm = mu[miss] + (x[1:][obs] - mu[obs]) @ K
-            cv = S[np.ix_(miss, miss)] - S[np.ix_(miss, obs)] @ K
-            draws_x = np.tile(x, (20, 1))
-            draws_x[:, 1 + miss] = rng.multivariate_normal(cm, cv, size=20)
-            fs.append(draws_x @ theta[s])
-        fs = np.concatenate(fs)
-        se = fs.std() / np.sqrt(fs.size / 20)
-        assert abs(score["mean"].iloc[i] - fs.mean()) < 5 * se
-        assert score["sd"].iloc[i] == pytest.approx(fs.std(), rel=0.05)
-        assert abs(prob.iloc[i] - (fs > 0).mean()) < 0.03
-
-
 def test_same_seed_same_gibbs_draws(logdata):
     kw = dict(data=logdata, method="gibbs", missing="impute", draws=30, tune=10, chains=2, seed=4, progress=False)
     with warnings.catch_warnings():
@@ -973,17 +911,19 @@ def test_single_q_vb_of_the_cut_attenuates(cut_pair):
     assert abs(((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"])["np.log(chol)"]) < abs(z) / 2
 
 
-def test_predict_conditional_vb_marginalises_the_label(fits, logdata):
-    """Rows with missing predictors: a two-component mixture over the unseen label, weights
-    pi_c N(x_O; m_{c,O}, Sigma_OO), pi_c the training class proportions (independent computation)."""
-    fit = fits["vb"]
+@pytest.mark.parametrize("key", ["vb", "vb_joint"])
+def test_predict_vb_integrates_over_missing_entries(fits, logdata, key):
+    """Rows with missing predictors, under N(E mu, E[Sigma^-1]^-1): conditional model, a
+    two-component mixture over the unseen label, weights pi_c N(x_O; m_{c,O}, Sigma_OO), pi_c the
+    training class proportions; joint model: one component (independent computation)."""
+    fit = fits[key]
     new = logdata.iloc[:40].copy()
     new["chol"] = np.nan
     new.iloc[:10, new.columns.get_loc("x2")] = np.nan
     score = fit.predict(new, kind="score")
     P = fit.posterior
     Sigma = P["Sigma_scale"] / float(P["Sigma_df"])
-    m = P["class_means_mean"]
+    m = P["class_means_mean"] if fit.conditional else np.array([P["mu_mean"], P["mu_mean"]])
     pi = np.array([np.mean(fit.design.y < 0), np.mean(fit.design.y > 0)])
     X = fit.design.new_X(new, allow_missing=True, standardized=False)
     beta, V = P["theta_mean"], P["theta_cov_dense"]
@@ -1006,11 +946,16 @@ def test_predict_conditional_vb_marginalises_the_label(fits, logdata):
         var = wts @ (np.array(comp_var) + np.array(comp_mean) ** 2) - mean ** 2
         assert score["mean"].iloc[i] == pytest.approx(mean, rel=1e-9)
         assert score["sd"].iloc[i] == pytest.approx(np.sqrt(var), rel=1e-9)
+    prob = fit.predict(new, kind="prob_positive")
+    np.testing.assert_allclose(prob, stats.norm.cdf(score["mean"] / score["sd"]))
+    assert set(fit.predict(new).unique()) <= {0, 1}
 
 
-def test_predict_conditional_gibbs_marginalises_the_label(fits, logdata):
-    """Monte Carlo: per draw, the label from p(c | x_O), then x_M | x_O, c."""
-    fit = fits["gibbs"]
+@pytest.mark.parametrize("key", ["gibbs", "gibbs_joint"])
+def test_predict_gibbs_integrates_over_missing_entries(fits, logdata, key):
+    """Monte Carlo: per draw, the label from p(c | x_O) (conditional model; the joint model has
+    gamma = 0), then x_M | x_O, c under that draw's (mu, gamma, Sigma)."""
+    fit = fits[key]
     new = logdata.iloc[:6].copy()
     new["chol"] = np.nan
     new.iloc[:2, new.columns.get_loc("x2")] = np.nan
@@ -1019,7 +964,7 @@ def test_predict_conditional_gibbs_marginalises_the_label(fits, logdata):
     rng = np.random.default_rng(0)
     theta = fit._theta_draws()
     mus = fit.posterior["mu_draws"].reshape(-1, 3)
-    gam = fit.posterior["gamma_draws"].reshape(-1, 3)
+    gam = fit.posterior["gamma_draws"].reshape(-1, 3) if fit.conditional else np.zeros_like(mus)
     Sigmas = fit.posterior["Sigma_draws"].reshape(-1, 3, 3)
     pi1 = np.mean(fit.design.y > 0)
     X = fit.design.new_X(new, allow_missing=True, standardized=False)
