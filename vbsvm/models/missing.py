@@ -981,8 +981,9 @@ def pooled_vb_cut(model, settings):
     -------
     vbsvm.inference.vb.VBResult
         ``q`` holds the pooled ``theta_mean``, ``theta_var``, ``theta_cov_dense``,
-        ``theta_cov_ds``, ``variances`` and the imputation q; ``elbo`` the final ELBO of each
-        completion's fit.
+        ``theta_cov_ds``, ``variances`` and the imputation q; ``elbo`` (one value) the average of
+        the completions' final ELBOs (a Monte Carlo estimate of ``E_q(D_mis)`` of the completed-data
+        bound), each in ``info["completion_elbos"]``.
     """
     from ..distributions import InverseGamma
     from ..inference.vb import VBResult, coordinate_ascent
@@ -1033,8 +1034,9 @@ def pooled_vb_cut(model, settings):
     cm, cc = iq["means"], iq["mean_covs"]
     pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
                   class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
-    return VBResult(q=pooled, state=np.zeros(0), elbo=np.array(elbos), converged=bool(converged),
-                    n_sweeps=sweeps, seconds=seconds, info={"vb_completions": K})
+    return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
+                    n_sweeps=sweeps, seconds=seconds,
+                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
 
 
 def coordinate_ascent_imputed(model, settings):
