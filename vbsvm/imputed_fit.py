@@ -193,7 +193,7 @@ class ImputedFit(Fit):
         else:
             txt.append("Caution: the SVM pseudo-likelihood is not normalized in y, so this joint model (the "
                        "paper's, imputation='joint') draws each imputation toward the side of its row's label and "
-                       "inflates the coefficients of imputed columns (measured 1.8x VB, 2.0x Gibbs on x1 in "
+                       "inflates the coefficients of imputed columns (measured 1.44x VB, 1.55x Gibbs on x1 in "
                        "benchmarks/imputation_simulation.py); the default imputation='conditional' does not.")
         return txt
 
