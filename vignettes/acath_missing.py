@@ -192,6 +192,7 @@ def part2(acath, splits, gibbs_draws, gibbs_tune, jobs, stem="acath_ber"):
     res = pd.DataFrame(rows).sort_values("split").reset_index(drop=True)
     FIG.mkdir(exist_ok=True)
     res.to_csv(FIG / f"{stem}.csv", index=False)
+    (FIG / f"{stem}_partial.csv").unlink(missing_ok=True)  # the running copy, kept in case of interruption
     methods = ["SVM-CC", "VB-CC", "VB-cond", "Gibbs-cond", "VB-joint", "Gibbs-joint"]
     summary = pd.DataFrame({
         "mean BER": res[methods].mean(), "sd": res[methods].std(), "median": res[methods].median(),
