@@ -274,7 +274,7 @@ def test_missing_one_cell_public_api_matches_model_level_sampler():
     df.loc[3, "x1"] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
-        fit = vbsvm.svm("y ~ x1 - 1", data=df, missing="impute", method="gibbs", penalty=0.5,
+        fit = vbsvm.svm("y ~ x1 - 1", data=df, missing="impute", imputation="joint", method="gibbs", penalty=0.5,
                         standardize=False, draws=200, tune=50, chains=2, seed=5, progress=False)
     from vbsvm.models.missing import ImputedSVMModel
     from vbsvm.inference.gibbs import run_chains

@@ -259,7 +259,7 @@ def test_missing_data_against_rwm(seed, scale):
     Dn = np.where(miss, np.nan, D)
     df = pd.DataFrame({"y": y, "a": Dn[:, 0], "b": Dn[:, 1]})
     alpha = 0.5
-    fit = _gibbs("y ~ a + b", df, scale=scale, seed=seed, penalty=alpha, missing="impute",
+    fit = _gibbs("y ~ a + b", df, scale=scale, seed=seed, penalty=alpha, missing="impute", imputation="joint",
                  draws=700 * scale, tune=200)
     post = fit.posterior
     cells = np.argwhere(miss)  # row-major, as the model orders them

@@ -63,7 +63,8 @@ def _check_penalty(penalty):
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
         tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
-        sigma2_mu=1e8, Psi=0.01, nu=3.0, re_df=None, re_scale=None, checkpoint=None):
+        sigma2_mu=1e8, Psi=0.01, nu=3.0, re_df=None, re_scale=None, checkpoint=None,
+        imputation="conditional"):
     """Fit a linear Bayesian support vector machine from a formula.
 
     Parameters
@@ -90,6 +91,13 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         Reserved for sparse priors (``vbsvm.LaplaceZero``).
     missing : {"drop", "raise", "impute"}
         Rows with missing predictors: dropped (reported in the summary), an error, or imputed.
+    imputation : {"conditional", "joint"}
+        Imputation model of ``missing="impute"`` (see :mod:`vbsvm.models.missing`).
+        ``"conditional"`` (default): the incomplete predictors are modelled given the observed
+        predictors and the label, ``d_i | y_i ~ N(m_{y_i}, Sigma)``, and the hinge does not feed
+        back into the imputations (a cut model). ``"joint"``: the paper's model (Algorithm 4),
+        whose unnormalized pseudo-likelihood pulls imputations toward the label's side and
+        inflates the imputed columns' coefficients.
     standardize : bool
         Standardize the predictors internally: center them and divide by the sample sd with
         ``ddof=1``, as R's ``scale()`` (results are reported on the original scale). The penalty
@@ -138,7 +146,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                          draws=draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
                          max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
                          B_u=B_u, level=level, progress=progress, n_jobs=n_jobs)
-    settings.update(sigma2_mu=sigma2_mu, nu=nu,
+    if imputation not in ("conditional", "joint"):
+        raise InputError(f"imputation must be 'conditional' (default: predictors given the observed ones and the "
+                         f"label, cut from the SVM) or 'joint' (the paper's model); got {imputation!r}.")
+    settings.update(sigma2_mu=sigma2_mu, nu=nu, imputation=imputation,
                     Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist(),
                     re_df=None if re_df is None else _positive_float(re_df, "re_df"),
                     checkpoint=None if checkpoint is None else str(checkpoint),

@@ -112,10 +112,30 @@ class ImputedFit(Fit):
         sd = np.sqrt(np.diag(Sigma))
         table = pd.DataFrame({"n_missing": n_missing.astype(int), "mu": mean_mu, "sd(mu)": sd_mu,
                               "sd(d)": sd}, index=pd.Index(names, name="column"))
+        gamma = self._label_effect()
+        if gamma is not None:
+            table.insert(3, "gamma", gamma[0])
+            table.insert(4, "sd(gamma)", gamma[1])
         corr = Sigma / np.outer(sd, sd)
         for j, name in enumerate(names):
             table[f"corr[{j + 1}]"] = corr[:, j]
         return table
+
+    @property
+    def conditional(self) -> bool:
+        """True for the conditional (cut) imputation model, False for the paper's joint model."""
+        return self.info.get("imputation", {}).get("model", "joint") == "conditional"
+
+    def _label_effect(self):
+        """Posterior mean and sd of the label effect ``gamma`` (conditional model; else None)."""
+        P = self.posterior
+        if not self.conditional:
+            return None
+        if self.method == "vb":
+            m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
+            return 0.5 * (m[1] - m[0]), np.sqrt(np.diag(C[0] + C[1]) / 4.0)
+        g = np.asarray(P["gamma_draws"]).reshape(-1, np.shape(P["gamma_draws"])[-1])
+        return g.mean(axis=0), g.std(axis=0, ddof=1) if g.shape[0] > 1 else np.full(g.shape[1], np.nan)
 
     def _imputation_parameter_summaries(self):
         P = self.posterior
@@ -134,8 +154,9 @@ class ImputedFit(Fit):
         """The missing-data section of :meth:`summary`: counts and the imputation model."""
         base = list(self.info.get("summary_tables", []))
         table = self.imputation_model()
-        keep = ["n_missing", "mu", "sd(mu)", "sd(d)"]
-        return base + [(f"Imputation model d ~ N(mu, Sigma): {self.n_incomplete} incomplete rows, "
+        keep = ["n_missing", "mu", "sd(mu)"] + (["gamma", "sd(gamma)"] if self.conditional else []) + ["sd(d)"]
+        law = "d | y ~ N(mu + y gamma, Sigma)" if self.conditional else "d ~ N(mu, Sigma)"
+        return base + [(f"Imputation model {law}: {self.n_incomplete} incomplete rows, "
                         f"{int(table['n_missing'].sum())} missing cells", table[keep])]
 
     def _imputation_notes(self) -> list:
@@ -152,15 +173,28 @@ class ImputedFit(Fit):
             f"rows incomplete; missing cells per column: {counts or 'none'}.",
             "Imputation model on the " + ("standardized " if self.settings.get("standardize", True) else "")
             + "design columns "
-            f"({', '.join(self.imputation_columns)}): d_i ~ N(mu, Sigma), mu ~ N(0, {imp.get('sigma2_mu', 1e8):g} I), "
-            f"Sigma ~ IW({psi_txt}, {imp.get('nu', 3):g})"
+            f"({', '.join(self.imputation_columns)}): "
+            + ("d_i | y_i ~ N(m_{y_i}, Sigma) (mu = mean of the class means m_-1, m_+1, gamma = half their "
+               f"difference), m_c ~ N(0, {imp.get('sigma2_mu', 1e8):g} I), " if self.conditional else
+               f"d_i ~ N(mu, Sigma), mu ~ N(0, {imp.get('sigma2_mu', 1e8):g} I), ")
+            + f"Sigma ~ IW({psi_txt}, {imp.get('nu', 3):g})"
             + ("" if imp.get("prior_proper", True) else
                f" (improper since nu <= d - 1 = {d - 1}; its normalizing constant is left out of the ELBO)")
             + ". Transformed predictors are imputed on the transformed scale (the design column).",
-            "Caution: the SVM pseudo-likelihood is not normalized in y, so this joint model (the paper's) "
-            "draws each imputation toward the side of its row's label and can inflate the coefficients of "
-            "imputed columns; compare with the complete-case fit (missing='drop').",
         ]
+        if self.conditional:
+            txt.append("Cut model (imputation='conditional'): the imputations come from this model given the "
+                       "observed predictors and the label, without feedback from the SVM; "
+                       + ("VB pools the mean-field fits of "
+                          f"{self.info.get('vb_completions', 20)} completions drawn from q(x_missing) (Rubin's rules)."
+                          if self.method == "vb" else
+                          "Gibbs draws the imputation block from its own posterior, then the SVM given the "
+                          "completed data."))
+        else:
+            txt.append("Caution: the SVM pseudo-likelihood is not normalized in y, so this joint model (the "
+                       "paper's, imputation='joint') draws each imputation toward the side of its row's label and "
+                       "inflates the coefficients of imputed columns (measured 1.44x VB, 1.55x Gibbs on x1 in "
+                       "benchmarks/imputation_simulation.py); the default imputation='conditional' does not.")
         return txt
 
     def _description_lines(self) -> list:
@@ -201,6 +235,16 @@ class ImputedFit(Fit):
         Sigma = InverseWishart(P["Sigma_scale"], float(P["Sigma_df"])).sample(rng, size=(chains, draws))
         return x, mu, Sigma
 
+    def _gamma_draws(self, shape):
+        """Draws of the label effect ``gamma`` (conditional model): Gibbs draws, or iid draws of
+        ``(m_+1 - m_-1) / 2`` from the VB ``q(m_-1) q(m_+1)``."""
+        P = self.posterior
+        if self.method == "gibbs":
+            return np.asarray(P["gamma_draws"])
+        rng = np.random.default_rng(np.random.SeedSequence(self.settings.get("draw_seed")).spawn(3)[2])
+        m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
+        return 0.5 * (m[1] - m[0] + rng.standard_normal((*shape, m.shape[1])) @ np.linalg.cholesky(C[0] + C[1]).T)
+
     def _cell_labels(self):
         rows, cols = self._cells()
         labels = np.asarray(self.design.row_labels)[rows]
@@ -218,6 +262,8 @@ class ImputedFit(Fit):
             "mu": (("chain", "draw", "imp_col"), mu),
             "Sigma": (("chain", "draw", "imp_col", "imp_col_bis"), Sigma),
         })
+        if self.conditional:
+            ds = ds.assign({"gamma": (("chain", "draw", "imp_col"), self._gamma_draws(mu.shape[:2]))})
         return ds.assign_coords({
             "missing_cell": np.asarray(cell_labels, dtype=object),
             "missing_row": ("missing_cell", row_coord),
@@ -225,9 +271,8 @@ class ImputedFit(Fit):
             "imp_col": np.asarray(imp, dtype=object), "imp_col_bis": np.asarray(imp, dtype=object),
         })
 
-    def to_arviz(self, log_likelihood=False):
-        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout (no ``log_likelihood``
-        group yet: the likelihood of an incomplete row needs the imputation integrated out).
+    def to_arviz(self, log_likelihood=True):
+        """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
         As :meth:`vbsvm.results.Fit.to_arviz`, with ``x_missing`` (dim ``missing_cell``, labelled
         ``"<row>, <column>"`` with coordinates ``missing_row`` and ``missing_column``; original
@@ -236,10 +281,13 @@ class ImputedFit(Fit):
         ``"imputed"``.
         """
         dt = super().to_arviz(log_likelihood=False)
+        if log_likelihood:
+            dt["log_likelihood"] = self._log_likelihood_dataset()
         dt.attrs["vbsvm_fit_type"] = FIT_TYPE
         post = dt["posterior"]
         attrs = dict(post.attrs)
-        attrs["imputation_model"] = ("d_i ~ N(mu, Sigma) on the non-intercept design columns; values on the "
+        attrs["imputation_model"] = (("d_i | y_i ~ N(mu + y_i gamma, Sigma), cut from the SVM" if self.conditional
+                                      else "d_i ~ N(mu, Sigma)") + " on the non-intercept design columns; values on the "
                                      "original scale of each design column (transformed predictors on the "
                                      "transformed scale)")
         if self.method == "vb":
@@ -247,6 +295,26 @@ class ImputedFit(Fit):
                                      "mu ~ N(mu_mean, mu_cov); Sigma ~ IW(Sigma_scale, Sigma_df); see group 'vbsvm'")
         post.attrs = attrs
         return dt
+
+    def _log_likelihood_dataset(self) -> xr.Dataset:
+        """Pointwise log likelihood (normalised over y, see
+        :func:`vbsvm.results.pointwise_log_likelihood`) of each draw, the incomplete training rows
+        completed with the same draw's imputations (Gibbs draws, or iid draws from q)."""
+        from .results import pointwise_log_likelihood
+
+        theta = self._draws()[0]
+        x = self._imputation_draws()[0]
+        dense, sc = self._new_rows(self.design.raw, new_levels="zero")
+        nd = self.layout.n_dense
+        clean = np.where(np.isnan(dense), 0.0, dense)
+        F = np.stack([add_sparse_score(t[:, :nd] @ clean.T, t[:, nd:], sc) for t in theta])
+        rows, cols = self._cells()
+        for j in np.unique(cols):  # one pass per imputed column, all its cells at once
+            k = np.flatnonzero(cols == j)
+            F[..., rows[k]] += theta[..., self._imp_cols[j], None] * x[..., k]
+        return xr.Dataset({"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
+                          attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}",
+                                 "imputations": "incomplete rows completed with each draw's imputations"})
 
     def _compute_diagnostics(self) -> pd.DataFrame:
         """R-hat, bulk/tail ESS and MCSE of every parameter, including ``x_missing``, ``mu``
@@ -296,49 +364,93 @@ class ImputedFit(Fit):
     def _score_moments(self, dense, sc):
         """Mean and sd of the score of new rows.
 
-        Rows with missing predictors: the score is integrated over the conditional distribution
-        of the missing entries given the observed ones under the fitted imputation model
-        (Gibbs: exactly, as a mixture over the draws of ``(beta, mu, Sigma)``; VB: with
-        ``E_q[mu]`` and the precision ``E_q[Sigma^{-1}]``, the mean and variance of the score
-        being exact under q for that plug-in).
+        Rows with missing predictors: the score is integrated over the distribution of the
+        missing entries given the observed ones under the fitted imputation model (Gibbs:
+        exactly, as a mixture over the draws of ``(beta, mu, Sigma)``; VB: with the q-means of
+        the means and the precision ``E_q[Sigma^{-1}]`` that the VB imputations themselves use,
+        the mean and variance of the score being exact under q for that plug-in).
+
+        The conditional model (``imputation="conditional"``) imputes given the label, which is
+        unknown at prediction time; its role is marginalised: ``p(x_M | x_O) = sum_c
+        p(c | x_O) N(x_M; E(x_M | x_O, c), Var(x_M | x_O))``, with ``p(c | x_O) proportional to
+        pi_c N(x_O; m_{c,O}, Sigma_OO)`` and ``pi_c`` the class proportions of the training
+        data (the label's marginal). The score's mean and variance are those of this mixture.
         """
         if self.method == "vb":
             mean, var = self._vb_score(dense, sc)
             return mean, np.sqrt(np.maximum(var, 0.0))
         return self._score_draw_stats(dense, sc)[:2]
 
+    def _class_log_prior(self) -> np.ndarray:
+        """log of the training class proportions (classes -1, +1), the label's marginal."""
+        y = np.asarray(self.design.y, dtype=float)
+        return np.log(np.array([np.mean(y < 0), np.mean(y > 0)]))
+
+    def _components(self, mu, gamma):
+        """Label mixture components ``[(log pi_c, mean_c)]``: one component of weight 1 for the
+        joint model (``gamma is None``), classes -1 and +1 with means ``mu -/+ gamma`` otherwise."""
+        if gamma is None:
+            return [(0.0, mu)]
+        lp = self._class_log_prior()
+        return [(lp[0], mu - gamma), (lp[1], mu + gamma)]
+
+    @staticmethod
+    def _mixture(logw, values):
+        """Normalised weights (over the first axis) of the label components and their weighted
+        mean and (between-component) variance of ``values``."""
+        W = np.exp(logw - logw.max(axis=0))
+        W /= W.sum(axis=0)
+        mean = np.sum(W * values, axis=0)
+        return W, mean, np.sum(W * values ** 2, axis=0) - mean ** 2
+
     def _vb_score(self, dense, sc):
         P, lay = self.posterior, self.layout
         imp = self._imp_cols
-        filled = dense.copy()
-        extra = np.zeros(dense.shape[0])
         patterns = self._patterns(dense)
-        if patterns:
-            mu = P["mu_mean"]
-            Lam = float(P["Sigma_df"]) * _chol_inv(P["Sigma_scale"])  # E_q[Sigma^{-1}]
-            th = P["theta_mean"][: lay.n_dense]
-            cov = P["theta_cov_dense"]
-            for R, M, O in patterns:
-                LMM = Lam[np.ix_(M, M)]
-                V = _chol_inv(LMM)  # Var(x_M | x_O)
+        if not patterns:
+            return self._vb_score_moments(dense, sc)
+        cm = P.get("class_means_mean")
+        comps = self._components(P["mu_mean"], None if cm is None else 0.5 * (cm[1] - cm[0]))
+        if cm is not None:
+            comps = [(lp, m) for (lp, _), m in zip(comps, cm)]
+        Lam = float(P["Sigma_df"]) * _chol_inv(P["Sigma_scale"])  # E_q[Sigma^{-1}]
+        Sig = _chol_inv(Lam)
+        th = P["theta_mean"][: lay.n_dense]
+        cov = P["theta_cov_dense"]
+        extra = np.zeros(dense.shape[0])
+        filled = [dense.copy() for _ in comps]
+        logw = np.array([np.full(dense.shape[0], lp) for lp, _ in comps])
+        for R, M, O in patterns:
+            V = _chol_inv(Lam[np.ix_(M, M)])  # Var(x_M | x_O)
+            K = V @ Lam[np.ix_(M, O)] if O.size else None  # Lam_MM^{-1} Lam_MO
+            SOOi = _chol_inv(Sig[np.ix_(O, O)]) if O.size else None
+            for k, (_, mu) in enumerate(comps):
                 cond = np.broadcast_to(mu[M], (R.size, M.size)).copy()
                 if O.size:
-                    K = V @ Lam[np.ix_(M, O)]  # Lam_MM^{-1} Lam_MO
-                    cond -= (dense[np.ix_(R, imp[O])] - mu[O]) @ K.T
-                filled[np.ix_(R, imp[M])] = cond
-                bM = th[imp[M]]
-                extra[R] = bM @ V @ bM + np.sum(cov[np.ix_(imp[M], imp[M])] * V)
-        mean, var = self._vb_score_moments(filled, sc)
-        return mean, var + extra
+                    dev = dense[np.ix_(R, imp[O])] - mu[O]
+                    cond -= dev @ K.T
+                    logw[k, R] -= 0.5 * np.einsum("ro,op,rp->r", dev, SOOi, dev)
+                filled[k][np.ix_(R, imp[M])] = cond
+            bM = th[imp[M]]
+            extra[R] = bM @ V @ bM + np.sum(cov[np.ix_(imp[M], imp[M])] * V)
+        moments = [self._vb_score_moments(f, sc) for f in filled]
+        means = np.array([m for m, _ in moments])
+        _, mean, between = self._mixture(logw, means)
+        within = np.sum(self._mixture(logw, means)[0] * np.array([v for _, v in moments]), axis=0)
+        return mean, within + between + extra
 
     def _score_draw_stats(self, dense, sc, chunk=512):
         """Mean, sd and P(f > 0) of the score over the Gibbs draws, rows with missing entries
-        integrated over x_M | x_O per draw (a Gaussian mixture over the draws)."""
+        integrated over x_M | x_O per draw (a Gaussian mixture over the draws and, for the
+        conditional model, over the label)."""
         lay = self.layout
         draws = self._theta_draws()
         S = draws.shape[0]
         mu = np.asarray(self.posterior["mu_draws"]).reshape(S, -1)
-        Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, mu.shape[1], mu.shape[1])
+        d = mu.shape[1]
+        Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, d, d)
+        gamma = self.posterior.get("gamma_draws")
+        comps = self._components(mu, None if gamma is None else np.asarray(gamma).reshape(S, d))
         imp = self._imp_cols
         n = dense.shape[0]
         Fm = np.empty((S, n))  # per-draw conditional mean of the score
@@ -347,6 +459,8 @@ class ImputedFit(Fit):
         for start in range(0, n, 2048):
             sl = slice(start, start + 2048)
             Fm[:, sl] = draws[:, : lay.n_dense] @ clean[sl].T
+        add_sparse_score(Fm, draws[:, lay.n_dense:], sc)
+        pos = (Fm > 0).astype(float)  # per-draw P(f > 0); complete rows: the sign of the score
         for R, M, O in self._patterns(dense):
             bM = draws[:, imp[M]]  # (S, m)
             SMM = Sigma[:, M][:, :, M]
@@ -354,20 +468,29 @@ class ImputedFit(Fit):
                 SOO = Sigma[:, O][:, :, O]
                 SOM = Sigma[:, O][:, :, M]
                 K = np.linalg.solve(SOO, SOM)  # (S, o, m)
+                SOOi = np.linalg.inv(SOO)
                 V = SMM - np.einsum("som,sok->smk", SOM, K)
             else:
                 V = SMM
-            Fv[:, R] = np.einsum("sm,smk,sk->s", bM, V, bM)[:, None]
+            vm = np.einsum("sm,smk,sk->s", bM, V, bM)[:, None]
             for start in range(0, R.size, chunk):
                 rr = R[start: start + chunk]
-                cond = np.broadcast_to(mu[:, None, M], (S, rr.size, M.size))
-                if O.size:
-                    dev = dense[np.ix_(rr, imp[O])][None, :, :] - mu[:, None, O]  # (S, r, o)
-                    cond = cond + np.einsum("sro,som->srm", dev, K)
-                Fm[:, rr] += np.einsum("sm,srm->sr", bM, cond)
-        add_sparse_score(Fm, draws[:, lay.n_dense:], sc)
+                fc, logw = [], []
+                for lp, mc in comps:
+                    cond = np.broadcast_to(mc[:, None, M], (S, rr.size, M.size))
+                    lw = np.full((S, rr.size), lp)
+                    if O.size:
+                        dev = dense[np.ix_(rr, imp[O])][None, :, :] - mc[:, None, O]  # (S, r, o)
+                        cond = cond + np.einsum("sro,som->srm", dev, K)
+                        lw = lw - 0.5 * np.einsum("sro,sop,srp->sr", dev, SOOi, dev)
+                    fc.append(Fm[:, rr] + np.einsum("sm,srm->sr", bM, cond))
+                    logw.append(lw)
+                fc = np.array(fc)
+                W, Fm[:, rr], between = self._mixture(np.array(logw), fc)
+                Fv[:, rr] = vm + between
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    comp_pos = np.where(vm > 0, stats.norm.cdf(fc / np.sqrt(vm)), (fc > 0).astype(float))
+                pos[:, rr] = np.sum(W * comp_pos, axis=0)
         mean = Fm.mean(axis=0)
         sd = np.sqrt(Fv.mean(axis=0) + (Fm.var(axis=0, ddof=1) if S > 1 else 0.0))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            pos = np.where(Fv > 0, stats.norm.cdf(Fm / np.sqrt(Fv)), (Fm > 0).astype(float)).mean(axis=0)
-        return mean, sd, pos
+        return mean, sd, pos.mean(axis=0)

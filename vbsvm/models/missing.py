@@ -1,8 +1,22 @@
-r"""Missing predictor values imputed inside the model (Luts & Ormerod 2014, Section 3.3,
-Algorithm 4 and Appendix C).
+r"""Missing predictor values imputed inside the model.
 
-Model
------
+Two imputation models (``vbsvm.svm(..., missing="impute", imputation=...)``):
+
+* ``"conditional"`` (default; :class:`CutImputedSVMModel`, full conditionals and the two
+  engines in its docstring): :math:`d_i \mid y_i \sim N(m_{y_i}, \Sigma)`, the missing predictors
+  modelled given the observed ones and the label, cut from the SVM (Plummer 2015): the hinge
+  does not feed back into the imputations. Gibbs draws the imputation block from its own
+  posterior, then the SVM given the completed data; VB fits the imputation q first and pools
+  the SVM's mean-field fits of completions drawn from it (:func:`pooled_vb_cut`).
+* ``"joint"``: the paper's model (Luts & Ormerod 2014, Section 3.3, Algorithm 4 and Appendix C),
+  :class:`ImputedSVMModel`, described below. Its hinge pseudo-likelihood is not normalised in
+  y, so an incomplete row gains by moving its imputation to its label's side, which inflates the
+  imputed column's coefficient (``benchmarks/imputation_simulation.py``); kept for the
+  reproduction of the paper's Figure 4.
+
+The paper's joint model
+-----------------------
+
 Let :math:`X` (n x p) be the standardized fixed-effect design, :math:`D` (n x d) its
 non-intercept columns (the *imputation columns*; every non-intercept column, observed or not,
 so that a missing entry borrows strength from the observed ones) and
@@ -96,7 +110,7 @@ from ..exceptions import InputError, InputTypeError
 from . import hinge
 from .linear import CoefficientPosterior, LinearSVMModel, fixed_effect_precision
 
-__all__ = ["ImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
+__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
            "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
 
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -106,6 +120,8 @@ LOG_2 = float(np.log(2.0))
 DEFAULT_SIGMA2_MU = 1e8
 DEFAULT_PSI = 0.01
 DEFAULT_NU = 3.0
+#: Completions pooled by the VB of the conditional (cut) model (:func:`pooled_vb_cut`).
+VB_COMPLETIONS = 20
 
 
 # --------------------------------------------------------------------------- small algebra
@@ -312,8 +328,9 @@ class ImputedSVMModel:
         ----------
         Lam : ndarray (d, d)
             ``Sigma^{-1}`` (Gibbs) or ``E[Sigma^{-1}]`` (VB).
-        Lam_mu : ndarray (d,)
-            ``Sigma^{-1} mu`` or ``E[Sigma^{-1}] E[mu]``.
+        Lam_mu : ndarray (d,) or (n, d)
+            ``Sigma^{-1} mu`` or ``E[Sigma^{-1}] E[mu]`` (one row per data row when the mean
+            depends on the row, as in the conditional model).
         w : ndarray (n,)
             ``1/a_i`` or ``E[1/a_i]``.
         beta_D : ndarray (d,)
@@ -334,7 +351,8 @@ class ImputedSVMModel:
             M, O, R = pat.miss, pat.obs, pat.rows
             V, lam, logdet_A = _pattern_factor(Lam[np.ix_(M, M)], Omega_DD[np.ix_(M, M)])
             wR = w[R]
-            h = Lam_mu[M] + (self.y[R] * (1.0 + wR))[:, None] * beta_D[M] - wR[:, None] * r_beta[pat.pos][:, M]
+            base = Lam_mu[R][:, M] if np.ndim(Lam_mu) == 2 else Lam_mu[M]
+            h = base + (self.y[R] * (1.0 + wR))[:, None] * beta_D[M] - wR[:, None] * r_beta[pat.pos][:, M]
             if O.size:
                 dO = self.D0[np.ix_(R, O)]
                 h = h - dO @ Lam[np.ix_(O, M)] - wR[:, None] * (dO @ Omega_DD[np.ix_(O, M)])
@@ -521,11 +539,207 @@ class ImputedSVMModel:
 
     def sample_missing(self, theta, f, w, mu, Lam, cells, rng):
         """One draw of every missing cell from its full conditional (row blocks are independent)."""
+        return self._draw_blocks(self.gibbs_missing_conditional(theta, f, w, mu, Lam), cells, rng)
+
+    def _draw_blocks(self, blocks, cells, rng):
+        """Draw every missing cell from the Gaussian row blocks of :meth:`missing_block`."""
         new = np.array(cells, copy=True)
-        for pat, blk in zip(self.patterns, self.gibbs_missing_conditional(theta, f, w, mu, Lam)):
+        for pat, blk in zip(self.patterns, blocks):
             z = rng.standard_normal(blk["g"].shape)
             new[pat.cells] = blk["mean"] + (np.sqrt(blk["g"]) * z) @ blk["V"].T
         return new
+
+
+class CutImputedSVMModel(ImputedSVMModel):
+    r"""The conditional imputation model, cut from the SVM (``imputation="conditional"``).
+
+    Model. With :math:`c_i \in \{0, 1\}` the class of row i (:math:`y_i = -1, +1`),
+
+    .. math::
+
+        d_i \mid y_i, m, \Sigma \overset{ind.}{\sim} N(m_{c_i}, \Sigma), \quad
+        m_0, m_1 \overset{iid}{\sim} N(0, \sigma_\mu^2 I_d), \quad \Sigma \sim IW(\Psi, \nu),
+
+    i.e. a Gaussian model of the predictors with the label as a covariate
+    (:math:`\mu = (m_0 + m_1)/2`, label effect :math:`\gamma = (m_1 - m_0)/2`); a missing cell is
+    imputed from its regression on the row's observed predictors **and its label**. The SVM
+    blocks (:math:`\theta`, :math:`a`, variances) are those of the linear model given the
+    completed design. The hinge pseudo-likelihood does not feed back into
+    :math:`(D_{mis}, m, \Sigma)`: this is a *cut* (Plummer 2015), whose target is
+
+    .. math::
+
+        p_{cut}(\theta, D_{mis}, m, \Sigma) = p(D_{mis}, m, \Sigma \mid D_{obs}, y)\,
+            p(\theta \mid y, D_{obs}, D_{mis}).
+
+    Full conditionals of the imputation block (no :math:`\theta`, no :math:`a`):
+
+    .. math::
+
+        d_{i,\mathcal M_i} \mid \text{rest} &\sim N(\Sigma_i h_i, \Sigma_i), \quad
+            \Sigma_i^{-1} = \Lambda_{\mathcal M_i\mathcal M_i}, \quad
+            h_i = [\Lambda m_{c_i} - \Lambda_{\cdot\mathcal O_i} d_{i,\mathcal O_i}]_{\mathcal M_i}, \\
+        m_c \mid \text{rest} &\sim N\big((n_c\Lambda + \sigma_\mu^{-2} I)^{-1}\Lambda
+            \textstyle\sum_{i: c_i = c} d_i,\; (n_c\Lambda + \sigma_\mu^{-2} I)^{-1}\big), \\
+        \Sigma \mid \text{rest} &\sim IW\big(\Psi + \textstyle\sum_i (d_i - m_{c_i})(d_i - m_{c_i})^T,
+            \nu + n\big),
+
+    (:meth:`ImputedSVMModel.missing_block` with :math:`w = 0`, :math:`\beta_D = 0`).
+
+    **Gibbs** (:meth:`gibbs_sweep`): one sweep draws :math:`D_{mis}, m, \Sigma` from the conditionals
+    above, then :math:`\theta, a`, variances from the linear model's conditionals given the
+    completed design. The imputation chain is an exact Gibbs sampler of
+    :math:`p(D_{mis}, m, \Sigma \mid D_{obs}, y)`; the SVM step is one sweep of a kernel whose
+    stationary law is :math:`p(\theta \mid y, D)` for the current completion. This is the usual
+    "naive" cut sampler: exact when the SVM step mixes within a sweep, otherwise an approximation
+    of :math:`p_{cut}` (Plummer 2015, Section 3). It is checked against multiple imputation
+    (completed data sets drawn from the imputation posterior, each fitted by Gibbs, draws
+    pooled) in ``tests/test_missing.py``.
+
+    **VB** (:meth:`vb_sweep`): the imputation model's mean-field
+    :math:`q(m_0)q(m_1)q(\Sigma)\prod_i q(d_{i,\mathcal M_i})` is fitted first, alone
+    (:meth:`fit_imputation_vb`: :math:`q(d_{i\mathcal M}) = N(\cdot, E[\Lambda]_{\mathcal M\mathcal M}^{-1})`,
+    :math:`q(m_c)`, :math:`q(\Sigma) = IW(\Psi + E\sum_i (d_i - m_{c_i})(\cdot)^T, \nu + n)`); then the
+    SVM's factors are Algorithm 2's with expectations over the fixed :math:`q(D_{mis})`:
+    :math:`C^TWC \to \tilde C^TW\tilde C + \sum_i w_i \mathrm{Cov}_q(c_i)`,
+    :math:`\chi_i = (1 - y_i\tilde c_i^T\mu_\theta)^2 + \tilde c_i^T\Sigma_\theta\tilde c_i
+    + \mathrm{tr}\{(\Sigma_\theta + \mu_\theta\mu_\theta^T)_{DD}\mathrm{Cov}_q(d_i)\}`. The reported ELBO is the
+    SVM part's bound given :math:`q(D_{mis})`.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cls = (self.y > 0).astype(np.int64)
+        self.n_class = np.bincount(self.cls, minlength=2)
+        self.state_size = self.n + len(self.linear.variance_components)
+        self.imputation_q = None
+
+    # ------------------------------------------------------------------ imputation block
+    def class_means_conditional(self, D, Lam) -> list:
+        """Full conditionals (Gibbs) / optimal q (VB) of ``m_0`` and ``m_1`` (classes -1, +1)."""
+        sums = np.stack([D[self.cls == c].sum(axis=0) for c in (0, 1)])
+        return [Gaussian(self.n_class[c] * Lam + np.eye(self.d) / self.sigma2_mu, Lam @ sums[c]) for c in (0, 1)]
+
+    def imputation_blocks(self, Lam, means) -> list:
+        """Gaussian blocks of the missing cells given ``Lam = Sigma^{-1}`` and the class means
+        ``means`` (2, d): :meth:`missing_block` without the hinge (``w = 0``, ``beta_D = 0``)."""
+        d = self.d
+        return self.missing_block(Lam, (means @ Lam)[self.cls], np.zeros(self.n), np.zeros(d),
+                                  np.zeros((d, d)), np.zeros((self.mrows.size, d)))
+
+    def _scatter(self, D, means, sum_cov=0.0, mean_covs=None):
+        resid = D - means[self.cls]
+        out = resid.T @ resid + sum_cov
+        if mean_covs is not None:
+            out = out + self.n_class[0] * mean_covs[0] + self.n_class[1] * mean_covs[1]
+        return out
+
+    def fit_imputation_vb(self, tol=1e-10, max_iter=2000) -> dict:
+        """Mean-field VB of the imputation model alone (coordinate ascent to a fixed point).
+
+        Returns
+        -------
+        dict
+            ``cells`` (q-means of the missing cells), ``blocks`` (per pattern: ``V``, ``g`` with
+            ``Cov = V diag(g) V^T``), ``cov`` (per pattern covariance), ``means`` (2, d) and
+            ``mean_covs`` (2, d, d) of ``q(m_c)``, ``Sigma`` (``q(Sigma)``), ``iterations``,
+            ``converged``.
+        """
+        means = np.tile(self.obs_mean, (2, 1))
+        Psi_q = np.diag((self.nu + self.n) * self.obs_var)
+        self.set_cells(self.obs_mean[self.cell_cols])
+        old = None
+        converged = False
+        for it in range(1, max_iter + 1):
+            Lam = (self.nu + self.n) * _chol_inv(Psi_q)
+            blocks = self.imputation_blocks(Lam, means)
+            cells = np.zeros(self.n_cells)
+            sum_cov = np.zeros((self.d, self.d))
+            for pat, blk in zip(self.patterns, blocks):
+                cells[pat.cells] = blk["mean"]
+                sum_cov += self._embed(pat, (blk["V"] * blk["g"].sum(axis=0)) @ blk["V"].T)
+            self.set_cells(cells)
+            D = self.current_D()
+            q_m = self.class_means_conditional(D, Lam)
+            means = np.stack([g.mean() for g in q_m])
+            mean_covs = np.stack([g.cov() for g in q_m])
+            q_S = self.Sigma_conditional(self._scatter(D, means, sum_cov, mean_covs))
+            Psi_q = q_S.scale
+            new = np.concatenate([cells, means.ravel(), Psi_q.ravel()])
+            if old is not None and np.max(np.abs(new - old)) <= tol * (1.0 + np.max(np.abs(new))):
+                converged = True
+                break
+            old = new
+        covs = [blk["V"] @ blk["V"].T * 1.0 for blk in blocks]  # g = 1: Cov = Lam_MM^{-1}
+        return {"cells": cells, "blocks": blocks, "cov": covs, "means": means, "mean_covs": mean_covs,
+                "Sigma": q_S, "iterations": it, "converged": converged}
+
+    # ------------------------------------------------------------------ VB
+    def vb_initial_state(self):
+        """Fits the imputation q (once), then starts the SVM at w = 1, E[1/sigma2] = 1."""
+        if self.imputation_q is None:
+            self.imputation_q = self.fit_imputation_vb()
+        return np.concatenate([np.zeros(self.n), np.log(self._Aq)])
+
+    def vb_sweep(self, state):
+        """One pass of the SVM's factors given the fixed ``q(D_mis)``; returns ``(state, q, elbo)``."""
+        lin, iq, n = self.linear, self.imputation_q, self.n
+        chi, Bq = np.exp(state[:n]), np.exp(state[n:])
+        w = hinge.expected_inverse(chi)
+        tau = lin.prior_precision(self._Aq / Bq)
+        self.set_cells(iq["cells"])
+        extra = np.zeros((lin.qd, lin.qd))
+        if self.dm:
+            mcd = self.imp_cols[self.mcols]
+            extra[np.ix_(mcd, mcd)] = sum(w[pat.rows].sum() * self._embed(pat, cov, size="m")
+                                          for pat, cov in zip(self.patterns, iq["cov"]))
+        post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra)
+        mean, dcov, covd = post.mean, post.diag_cov(), post.cov_dense()
+        muD = mean[self.imp_cols]
+        Omega = covd[np.ix_(self.imp_cols, self.imp_cols)] + np.outer(muD, muD)
+        mf, vf = post.linear_predictor()
+        for pat, cov in zip(self.patterns, iq["cov"]):
+            vf[pat.rows] += float(np.sum(Omega[np.ix_(pat.miss, pat.miss)] * cov))
+        chi_new = hinge.update_chi(self.y, mf, vf)
+        q_var = lin.variance_posterior(lin.second_moments(mean, dcov))
+        means, mean_covs = iq["means"], iq["mean_covs"]
+        q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "theta_cov_dense": covd,
+             "chi": chi_new, "variances": q_var, "mean_f": mf, "var_f": vf,
+             "cells_mean": iq["cells"], "blocks": iq["blocks"], "Sigma": iq["Sigma"],
+             "class_means": means, "class_mean_covs": mean_covs,
+             "mu_mean": means.mean(axis=0), "mu_cov": mean_covs.sum(axis=0) / 4.0}
+        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b) if lin.variance_components else np.zeros(0)])
+        return new_state, q, lin.elbo(q)
+
+    # ------------------------------------------------------------------ Gibbs
+    def gibbs_initial_state(self, rng):
+        """Dispersed start of the missing cells (see :class:`ImputedSVMModel`), class means at
+        the observed means."""
+        state = super().gibbs_initial_state(rng)
+        state["means"] = np.tile(self.obs_mean, (2, 1))
+        state["Lam_imp"] = state.pop("Lam")
+        state.pop("mu")
+        return state
+
+    def gibbs_sweep(self, state, rng):
+        """D_mis | m, Sigma; m | D; Sigma | D, m (the imputation chain); then theta, 1/a and the
+        variances of the linear model given the completed design."""
+        Lam = state["Lam_imp"]
+        cells = self._draw_blocks(self.imputation_blocks(Lam, state["means"]), state["cells"], rng)
+        self.set_cells(cells)
+        D = self.current_D()
+        means = np.stack([g.sample(rng) for g in self.class_means_conditional(D, Lam)])
+        Sigma = self.Sigma_conditional(self._scatter(D, means)).sample(rng)
+        Lam = _chol_inv(Sigma)
+        w = state["w"]
+        if "theta" in state:  # 1/a | theta, new D: keeps (theta, a) | D's law invariant for the new D
+            w = hinge.sample_inverse(self.y, self.linear.predictor(state["theta"]), rng)
+        scan = self.linear.gibbs_sweep({"w": w, "tau": state["tau"]}, rng)
+        theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
+        return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "means": means, "Lam_imp": Lam,
+                "theta": theta, "sigma2": sigma2, "x_missing": cells, "Sigma": Sigma,
+                "mu": means.mean(axis=0), "gamma": 0.5 * (means[1] - means[0]),
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
 
 # --------------------------------------------------------------------------- checks and settings
@@ -647,8 +861,13 @@ def fit_imputed(design, settings):
     sigma2_mu, Psi, nu = _hyperparameters(settings, imp.size)
     fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
-    model = ImputedSVMModel(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
-                            B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
+    imputation = settings.get("imputation", "conditional")
+    if imputation not in ("conditional", "joint"):
+        raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
+    cut = imputation == "conditional"
+    cls = CutImputedSVMModel if cut else ImputedSVMModel
+    model = cls(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
+                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
     lin = model.linear
     from ..results import ThetaLayout
 
@@ -661,15 +880,19 @@ def fit_imputed(design, settings):
         "model": "Bayesian linear SVM with imputed missing predictors"
                  + (" and random intercepts" if design.groups else ""),
         "imputation": {
-            "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
+            "model": imputation, "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
             "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
             "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
         },
     }
     if method == "vb":
-        res = coordinate_ascent_imputed(model, settings)
+        if cut and settings.get("vb_completions", VB_COMPLETIONS) > 0:
+            res = pooled_vb_cut(model, settings)
+        else:
+            res = coordinate_ascent_imputed(model, settings)
         q = res.q
-        post = q["theta"]
+        if "theta_cov_ds" not in q:
+            q["theta_cov_ds"] = q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0))
         cov_d = M @ q["theta_cov_dense"] @ M.T
         mean = q["theta_mean"].copy()
         mean[: lin.qd] = M @ mean[: lin.qd]
@@ -687,7 +910,7 @@ def fit_imputed(design, settings):
         Sg = np.outer(scale, scale)
         posterior = {
             "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
-            "theta_cov_ds": M @ post.cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)),
+            "theta_cov_ds": M @ q["theta_cov_ds"],
             "var_shape": np.atleast_1d(q["variances"].a) if lin.variance_components else np.zeros(0),
             "var_scale": np.atleast_1d(q["variances"].b) if lin.variance_components else np.zeros(0),
             "elbo": res.elbo,
@@ -699,6 +922,11 @@ def fit_imputed(design, settings):
             "Sigma_scale": q["Sigma"].scale * Sg,
             "Sigma_df": np.float64(q["Sigma"].df),
         }
+        if cut:
+            posterior["class_means_mean"] = center + scale * q["class_means"]
+            posterior["class_means_cov"] = q["class_mean_covs"] * Sg
+            info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
+                                      vb_converged=bool(model.imputation_q["converged"]))
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     else:
         from ..inference.gibbs import run_chains
@@ -706,7 +934,8 @@ def fit_imputed(design, settings):
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
                          n_jobs=settings["n_jobs"],
-                         record=("theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma"))
+                         record=("theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
+                         + (("gamma",) if cut else ()))
         theta = res.draws["theta"].copy()
         theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
         posterior = {
@@ -716,12 +945,98 @@ def fit_imputed(design, settings):
             "mu_draws": center + scale * res.draws["mu"],
             "Sigma_draws": res.draws["Sigma"] * np.outer(scale, scale),
         }
+        if cut:
+            posterior["gamma_draws"] = scale * res.draws["gamma"]
         info.update(seconds=res.seconds)
     fit = ImputedFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     fit.info["summary_notes"] = fit._imputation_notes()
     if method == "gibbs":
         fit._warn_diagnostics()
     return fit
+
+
+def pooled_vb_cut(model, settings):
+    r"""VB of the cut model as a mixture over completions (the default VB of
+    ``imputation="conditional"``).
+
+    The cut posterior of the SVM is by definition a mixture over the imputation posterior,
+    :math:`p_{cut}(\theta) = \int p(\theta \mid y, D_{obs}, D_{mis})\, p(D_{mis} \mid D_{obs}, y)\, dD_{mis}`.
+    We fit the imputation model's q first (:meth:`CutImputedSVMModel.fit_imputation_vb`), draw
+    ``K = settings.get("vb_completions", 20)`` completions :math:`D^{(k)}_{mis} \sim q(D_{mis})`
+    (seeded by ``seed``), fit the linear SVM's mean-field q (Algorithm 2) to each completed data
+    set, and return the moment-matched Gaussian of the mixture
+    :math:`K^{-1}\sum_k q_k(\theta)` (mean: average of the means; covariance: average covariance
+    plus the covariance of the means, Rubin's rules) and of the variances (an inverse gamma with
+    the mixture's mean and variance).
+
+    Why not a single q with expectations over q(D_mis)? That factor (``vb_completions=0``;
+    :meth:`CutImputedSVMModel.vb_sweep`) is the optimum of the mean-field KL to the cut target,
+    :math:`q(\theta) \propto \exp E_{q(D)} \log p(\theta \mid y, D)`: a *geometric* mean of the
+    completed-data posteriors whose augmented quadratic penalises the imputed columns'
+    coefficients by :math:`\sum_i w_i \beta_M^T\mathrm{Cov}(d_{i,M})\beta_M` (errors-in-variables
+    attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
+    data, where the pooled mixture is within 0.1 sd.
+
+    Returns
+    -------
+    vbsvm.inference.vb.VBResult
+        ``q`` holds the pooled ``theta_mean``, ``theta_var``, ``theta_cov_dense``,
+        ``theta_cov_ds``, ``variances`` and the imputation q; ``elbo`` (one value) the average of
+        the completions' final ELBOs (a Monte Carlo estimate of ``E_q(D_mis)`` of the completed-data
+        bound), each in ``info["completion_elbos"]``.
+    """
+    from ..distributions import InverseGamma
+    from ..inference.vb import VBResult, coordinate_ascent
+
+    K = int(settings.get("vb_completions", VB_COMPLETIONS))
+    lin = model.linear
+    model.vb_initial_state()  # fits the imputation q
+    iq = model.imputation_q
+    seed = settings.get("draw_seed", settings.get("seed"))
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
+    means, dcovs, vars_, ds, s_mean, s_var, elbos = [], [], [], [], [], [], []
+    sweeps, converged, seconds = 0, True, 0.0
+    for _ in range(K):
+        model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
+        res = coordinate_ascent(lin, tol=settings["tol"], max_iter=settings["max_iter"],
+                                accelerate=settings["accelerate"])
+        q = res.q
+        means.append(q["theta_mean"])
+        dcovs.append(q["theta"].cov_dense())
+        vars_.append(q["theta_var"])
+        ds.append(q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)))
+        if lin.variance_components:
+            a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
+            s_mean.append(b / (a - 1.0))  # a = A + m/2 > 1 for every component with m >= 2
+            s_var.append(np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf))
+        elbos.append(res.elbo[-1])
+        sweeps += res.n_sweeps
+        converged &= res.converged
+        seconds += res.seconds
+    model.set_cells(iq["cells"])
+    means = np.array(means)
+    mean = means.mean(axis=0)
+    dev = means - mean
+    bdiv = max(K - 1, 1)
+    pooled = {
+        "theta_mean": mean,
+        "theta_cov_dense": np.mean(dcovs, axis=0) + dev[:, :lin.qd].T @ dev[:, :lin.qd] / bdiv,
+        "theta_var": np.mean(vars_, axis=0) + (dev ** 2).sum(axis=0) / bdiv,
+        "theta_cov_ds": np.mean(ds, axis=0) + dev[:, :lin.qd].T @ dev[:, lin.qd:] / bdiv,
+    }
+    if lin.variance_components:
+        m = np.mean(s_mean, axis=0)
+        v = np.mean(s_var, axis=0) + np.var(s_mean, axis=0)
+        a = m ** 2 / v + 2.0
+        pooled["variances"] = InverseGamma(a, m * (a - 1.0))
+    else:
+        pooled["variances"] = None
+    cm, cc = iq["means"], iq["mean_covs"]
+    pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
+                  class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
+    return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
+                    n_sweeps=sweeps, seconds=seconds,
+                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
 
 
 def coordinate_ascent_imputed(model, settings):
