@@ -162,7 +162,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         fit = fit_laplace_zero(design, settings, prior)
     elif missing == "impute":
         from .models.missing import fit_imputed
-        fit = fit_imputed(design, settings)
+        with numerical_failures("the imputation model"):
+            fit = fit_imputed(design, settings)
     else:
         fit = _fit_linear(design, settings)
     if fit.method == "vb" and "approximation" not in fit.info:
