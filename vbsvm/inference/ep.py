@@ -781,6 +781,10 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
                                    damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", EP_TOL),
                                    correct_variance=settings.get("ep_correct_variance", False))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
+        if grid.info["unconverged"] == grid.info["n_ep"] or not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var))):
+            raise FloatingPointError(
+                "EP converged at none of the variance values of its grid (or gave non-finite moments); "
+                "fit this model with method='meanfield' or method='gibbs'")
         ep_mean, ep_var = mean.copy(), var.copy()
         s2_mean, s2_sd = grid.sigma2_moments()
         chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
