@@ -384,7 +384,12 @@ def run_set(name, args):
                 if k >= args.gibbs_splits or res.get("gibbs_skipped"):
                     continue
             if method in VBSVM_METHODS:
-                out = run_vbsvm(train, test, method, args.seed + k, args.gh_nodes)
+                try:
+                    out = run_vbsvm(train, test, method, args.seed + k, args.gh_nodes)
+                except vbsvm.exceptions.NumericalError as exc:  # e.g. EP converging nowhere: say so, go on
+                    res.setdefault("failed_fits", []).append(f"{method}, split {k}: {exc}"[:300])
+                    print(f"  {name} {method} split {k}: failed ({str(exc)[:120]})", flush=True)
+                    continue
             else:
                 out = run_sklearn(X[tr], y[tr], X[te], method, args.seed + k)
             for key, p in out["probs"].items():
