@@ -99,6 +99,7 @@ def test_prior_and_missing_are_passed_through(capsys, csv, monkeypatch):
                        "--missing", "impute", "--method", "gibbs", "--draws", 50)
     assert_one_line_error(code, err, "stop here")
     assert seen["missing"] == "impute" and seen["method"] == "gibbs" and seen["draws"] == 50
+    assert "imputation" not in seen  # svm's own default (conditional)
     prior = seen["prior"]
     assert type(prior).__name__ == "LaplaceZero" and prior.rho == 0.05
     seen.clear()
@@ -175,3 +176,18 @@ def test_console_entry_point_runs_as_a_program():
     res = subprocess.run([sys.executable, "-c", "import sys, vbsvm.cli; sys.exit(vbsvm.cli.main())", "fit"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and res.stderr.startswith("vbsvm: error:")
+
+
+def test_imputation_option_reaches_svm_and_needs_missing_impute(capsys, csv, monkeypatch):
+    seen = {}
+
+    def fake_svm(formula, data, **kwargs):
+        seen.update(kwargs)
+        raise vbsvm.exceptions.InputError("stop here")
+
+    monkeypatch.setattr(vbsvm, "svm", fake_svm)
+    code, _, err = run(capsys, "fit", "y ~ time", csv, "--missing", "impute", "--imputation", "joint")
+    assert_one_line_error(code, err, "stop here")
+    assert seen["imputation"] == "joint"
+    code, _, err = run(capsys, "fit", "y ~ time", csv, "--imputation", "joint")
+    assert_one_line_error(code, err, "--missing impute")

@@ -167,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prior inclusion probability for --prior laplace-zero (default 0.01; 'auto' chooses it)")
     p.add_argument("--missing", choices=("drop", "impute", "raise"), default="drop",
                    help="rows with missing predictors: drop them (default), impute them in the model, or stop")
+    p.add_argument("--imputation", choices=("conditional", "joint"), default=None,
+                   help="with --missing impute: 'conditional' (default: predictors given the observed ones and "
+                        "the label, cut from the hinge) or 'joint' (the paper's model)")
     p.add_argument("--level", type=float, default=0.95, metavar="L", help="interval level (default 0.95)")
     p.add_argument("--out", metavar="FILE.nc",
                    help="save the fit (netCDF; read back with vbsvm.load or arviz.from_netcdf)")
@@ -262,6 +265,10 @@ def cmd_fit(args):
     df = _read_csv(args.csv, args.sep)
     kwargs = {"method": args.method, "penalty": args.penalty, "missing": args.missing, "level": args.level,
               **_sampling_kwargs(args)}
+    if args.imputation is not None:
+        if args.missing != "impute":
+            raise CLIError("--imputation chooses the model of --missing impute; add --missing impute")
+        kwargs["imputation"] = args.imputation
     if args.rho is not None and args.prior is None:
         raise CLIError("--rho is the prior inclusion probability of --prior laplace-zero; add --prior laplace-zero")
     if args.prior == "laplace-zero":
