@@ -345,3 +345,12 @@ def test_probit_calibration_recovers_a_known_scale():
     y = np.where(rng.random(m.size) < probit_predictive(m, s, 0.6), 1.0, -1.0)
     a, b = fit_probit_calibration(m, s, y)
     assert b == 0.0 and a == pytest.approx(0.6, abs=0.03)
+
+
+def test_vb_draws_are_labelled_as_iid_not_a_chain(fits):
+    """arviz.summary shows R-hat/ESS for any draws; a VB fit's posterior group says they are iid
+    draws from the approximation, whose R-hat and ESS mean nothing about convergence."""
+    attrs = fits["vb"].to_arviz(log_likelihood=False)["posterior"].attrs
+    assert "not a Markov chain" in attrs["draws"]
+    assert attrs["q"].startswith(fits["vb"].info["approximation"])
+    assert "draws" not in fits["gibbs"].to_arviz(log_likelihood=False)["posterior"].attrs

@@ -608,7 +608,12 @@ class Fit:
         post.attrs.update({"method": self.method, "scale": "original predictor scale",
                            "inference_library": "vbsvm"})
         if self.method == "vb":
-            post.attrs["q"] = "theta ~ N(theta_mean, theta_cov); sigma2_k ~ IG(var_shape_k, var_scale_k); see group 'vbsvm'"
+            post.attrs["q"] = (self.info.get("approximation", "variational") + "; theta ~ N(theta_mean, theta_cov), "
+                               "sigma2_k ~ IG(var_shape_k, var_scale_k) (EP: a mixture over a variance grid); "
+                               "see group 'vbsvm'")
+            post.attrs["draws"] = ("iid draws from the fitted approximation, not a Markov chain: the R-hat and ESS "
+                                   "that arviz.summary computes from them say nothing about convergence (they are "
+                                   "about 1 and the number of draws by construction)")
             post.attrs["elbo"] = float(self.posterior["elbo"][-1])
         tree = {"posterior": post}
         if self.method == "gibbs":
