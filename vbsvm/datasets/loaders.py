@@ -34,11 +34,11 @@ In cases 2-3 the first directory that holds the file is used. If none does,
 :class:`DataNotFoundError` (a :class:`FileNotFoundError`) names the
 directories tried and says how to set ``VBSVM_DATA``.
 
-Earlier versions searched ``shared/data`` next to the source checkout instead
-of bundling the files. That folder exists only in the project's development
-workspace: a fresh clone failed its tests, and an installed package looked for
-it in a meaningless place (``.venv/lib/python3.12/shared/data``). The data now
-ship with the code, so a clone and a wheel need nothing outside themselves.
+Earlier versions looked for the files in a folder beside the source checkout
+instead of bundling them; that folder existed only in the development
+workspace, so a fresh clone failed its tests and an installed package looked
+in a meaningless place inside the virtual environment. The data now ship with
+the code, so a clone and a wheel need nothing outside themselves.
 
 Column names
 ------------
@@ -381,8 +381,7 @@ def load(
         files. If given, only this directory is used. If omitted, the
         directory in the environment variable ``VBSVM_DATA`` (if set) and then
         the data shipped with the package are searched; every data set but
-        ``"usps"`` ships. See :mod:`vbsvm.datasets.loaders` for why the
-        project's ``shared/data`` folder is no longer searched.
+        ``"usps"`` ships (see :mod:`vbsvm.datasets.loaders`).
     split : str, optional
         For ``"usps"``: ``"resampled"`` (default) is the Rasmussen &
         Williams (2006) 3-vs-5 split (767 train, 773 test);
