@@ -330,9 +330,13 @@ def test_exact_check_detects_a_wrong_sampler():
 
 # ---------------------------------------------------------------- power of the checks for each Gibbs move
 def _broken(monkeypatch, name, wrapper):
+    """Break one move of the linear sampler. The independence move of the fixed effects (which,
+    once kept, would correct a broken variance or fixed-effect move) is dropped after tuning; its
+    own power check is in ``test_independence.py``."""
     from vbsvm.models.linear import LinearSVMModel
 
     monkeypatch.setattr(LinearSVMModel, name, wrapper(getattr(LinearSVMModel, name)))
+    monkeypatch.setattr(LinearSVMModel, "imh_min_accept", 2.0)
 
 
 def test_exact_check_detects_a_wrong_variance_rescaling(monkeypatch):
@@ -352,6 +356,6 @@ def test_exact_check_detects_a_wrong_level_move(monkeypatch):
 def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
     """The marginal single-site move of the fixed effects with a prior 4x too tight is rejected."""
     _broken(monkeypatch, "_redraw_fixed_effects",
-            lambda orig: lambda self, th, f, s2, rng: orig(self, th, f, s2 / 4, rng))
+            lambda orig: lambda self, th, f, s2, rng, *a: orig(self, th, f, s2 / 4, rng, *a))
     with pytest.raises(AssertionError):
         test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)

@@ -57,7 +57,7 @@ def known_weights(w):
     checked exactly in test_reliability_exact.py and against independent samplers)."""
     original, moves, swaps = hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves
     hinge.sample_inverse = lambda y, f, rng: np.array(w, copy=True)
-    LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng: (theta, f, sigma2)
+    LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng, **kw: (theta, f, sigma2)
     LaplaceZeroModel.swap_moves = lambda self, theta, gamma, b, f, rng: (theta, gamma, b, f)
     try:
         yield

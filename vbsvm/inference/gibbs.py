@@ -4,7 +4,10 @@ A model supplies
 
 * ``gibbs_initial_state(rng)`` -> dict, and
 * ``gibbs_sweep(state, rng)`` -> dict: one scan over its full conditionals. Entries named in
-  ``record`` are stored after every kept sweep.
+  ``record`` are stored after every kept sweep;
+* optionally ``gibbs_adapt(state, it, tune)`` -> dict, called after each tuning sweep ``it`` and
+  never after tuning, so that the kept draws come from one fixed kernel (e.g. fitting a
+  proposal to the tuning draws).
 
 Chain ``c`` draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(chains)[c])``, so the
 draws of a chain depend only on ``seed`` and ``c``: running the chains serially or in parallel
@@ -98,12 +101,15 @@ def _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, st
     try:
         if state is None:
             state = model.gibbs_initial_state(rng)
+        adapt = getattr(model, "gibbs_adapt", None)
         for it in range(first, total):
             if stop is not None and stop.is_set():
                 if checkpoint is not None:
                     checkpoint.save(it, state, kept, rng)
                 return kept, True
             state = model.gibbs_sweep(state, rng)
+            if adapt is not None and it < tune:
+                state = adapt(state, it, tune)
             if it >= tune and (it - tune) % thin == thin - 1:
                 row = {name: np.array(state[name], copy=True) for name in record}
                 for name in record:  # all names or none: the lists stay of equal length

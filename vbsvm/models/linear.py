@@ -56,6 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..distributions import InverseGamma, InverseWishart
+from ..inference.independence import ProposalTuner, independence_steps
 from ..inference.slice import slice_sample, slice_sample_independent
 from . import hinge
 
@@ -581,6 +582,14 @@ class LinearSVMModel:
         self.intercept = intercept if intercept is not None and np.isfinite(fixed_precision[intercept]) else None
         self._tau0 = None if self.intercept is None else float(fixed_precision[self.intercept])
         self._fixed_width = 3.0 / np.maximum(np.linalg.norm(self.Cd[:, :p], axis=0), 1e-12)
+        # the independence move's block: the fixed effects and the log of each variance that governs
+        # fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
+        self._imh_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p], dtype=int)
+        self._imh_fixed_tau = np.zeros(p)
+        for c in self.components:
+            if c.kind == "fixed" and c.index[0] < p:
+                self._imh_fixed_tau[c.index] = c.precision
+        self._tuner = ProposalTuner(p + self._imh_variances.size, df=self.imh_df, min_accept=self.imh_min_accept)
         self._shiftable = [] if self.intercept is None else [
             (k, c.index) for k, c in enumerate(self.variance_components)
             if c.name.startswith("sigma2_") and c.name[7:] in {t[2] for t in terms if np.all(t[3] == 1.0)}]
@@ -725,7 +734,19 @@ class LinearSVMModel:
     # ------------------------------------------------------------------ Gibbs
     def gibbs_initial_state(self, rng):
         return {"w": np.ones(self.n), "tau": np.ones(len(self.variance_components)),
-                "Lam": [np.eye(c.index.shape[1]) for c in self.covariance_components]}
+                "Lam": [np.eye(c.index.shape[1]) for c in self.covariance_components],
+                **self._tuner.initial_state()}
+
+    def gibbs_adapt(self, state, it, tune):
+        """Called by the engine after each tuning sweep (never after tuning): fits, tries and
+        keeps or drops the fixed effects' independence proposal (:meth:`_independence_move`)."""
+        block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._imh_variances])])
+        state = self._tuner.adapt(state, block, it, tune)
+        if "imh_chol" in state and "imh_directions" not in state:
+            L = state["imh_chol"][: self.p]
+            evals, evecs = np.linalg.eigh(L @ L.T)
+            state["imh_directions"] = evecs * np.sqrt(np.maximum(evals, 0.0))
+        return state
 
     def variance_log_prior(self, sigma2) -> float:
         """Log density of the ``IG(A, B)`` prior of a variance, summed over ``sigma2``."""
@@ -785,23 +806,36 @@ class LinearSVMModel:
             f = f + (u - u0)[codes]
         return theta, f
 
-    def _redraw_fixed_effects(self, theta, f, sigma2, rng):
-        """Marginal (w integrated out) single-site update of each fixed effect: ``beta_j`` given the
-        rest has density ``N(beta_j; 0, 1/tau_j) prod_i exp(-2 (1 - y_i f_i)_+)``, slice-sampled in
-        O(n) per evaluation (width ``3 / ||x_j||``, fixed, so the move does not depend on w). Must
-        be followed by a fresh ``w | theta``."""
-        tau = self.prior_precision(1.0 / sigma2)
+    def _redraw_fixed_effects(self, theta, f, sigma2, rng, directions=None):
+        """Marginal (w integrated out) slice moves of the fixed effects along fixed directions:
+        along direction ``v`` the step ``t`` (``beta + t v``) has density
+        ``prod_j N(beta_j + t v_j; 0, 1/tau_j) prod_i exp(-2 (1 - y_i f_i - t y_i x_i^T v)_+)``,
+        slice-sampled in O(n) per evaluation with width 3 (so ``v`` carries the scale). The
+        directions are the coordinates (``v = e_j / ||x_j||``) until tuning has fitted the block's
+        covariance, then its principal axes scaled by their sds (``directions``, p x p), which
+        decorrelates collinear predictors. Neither depends on w, so the move keeps the marginal
+        posterior; it must be followed by a fresh ``w | theta``."""
+        tau = self.prior_precision(1.0 / sigma2)[: self.p]
+        X = self.Cd[:, : self.p]
         theta = theta.copy()
+        beta = theta[: self.p]
         for j in range(self.p):
-            x = self.Cd[:, j]
-            yx, rest = self.y * x, 1.0 - self.y * (f - x * theta[j])
+            if directions is None:
+                v = np.zeros(self.p)
+                v[j] = self._fixed_width[j] / 3.0
+                xv = X[:, j] * v[j]
+            else:
+                v = directions[:, j]
+                xv = X @ v
+            yxv, rest = self.y * xv, 1.0 - self.y * f
+            a2, a1 = float(tau @ (v * v)), float(tau @ (v * beta))
 
-            def logp(b, j=j):
-                return -0.5 * tau[j] * b * b - 2.0 * float(np.maximum(0.0, rest - b * yx).sum())
+            def logp(t):
+                return -0.5 * t * (a2 * t + 2.0 * a1) - 2.0 * float(np.maximum(0.0, rest - t * yxv).sum())
 
-            b = slice_sample(logp, theta[j], rng, width=self._fixed_width[j])[0]
-            f = f + x * (b - theta[j])
-            theta[j] = b
+            t = slice_sample(logp, 0.0, rng, width=3.0)[0]
+            f = f + t * xv
+            beta += t * v
         return theta, f
 
     def _shift_location(self, theta, sigma2, rng):
@@ -825,17 +859,68 @@ class LinearSVMModel:
     #: 407 to 467 and max R-hat from 1.013 to 1.009 (three: no further gain)
     level_rounds = 2
 
-    def marginal_moves(self, theta, f, sigma2, rng):
+    #: independence proposals of the fixed effects per sweep, once the proposal is fitted: they
+    #: cost one (n x p) @ (p x imh_steps) product together
+    imh_steps = 8
+    #: degrees of freedom of the t proposal (heavier tails than the near-Gaussian target)
+    imh_df = 10.0
+    #: acceptance rate over the trial quarter of tuning for the proposal to replace the
+    #: single-site slice moves of the fixed effects
+    imh_min_accept = 0.2
+
+    def _independence_move(self, proposal, theta, f, sigma2, rng):
+        """Block independence Metropolis-Hastings of the fixed effects, jointly with the log of
+        each variance that governs fixed effects only (the penalty's ``sigma2_u``), on the
+        marginal pseudo-posterior given the random effects and their variances:
+        ``prod_j N(beta_j; 0, 1/tau_j) prod_k IG(sigma2_k; A, B) sigma2_k prod_i exp(-2 (1 - y_i f_i)_+)``
+        in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian).
+        :data:`imh_steps` proposals from the t proposal fitted during tuning are evaluated in one
+        batch (:mod:`vbsvm.inference.independence`). Like the other marginal moves it must be
+        followed by a fresh ``w | theta``. Returns ``(theta, f, sigma2, accepted)``."""
+        p, own = self.p, self._imh_variances
+        X = self.Cd[:, :p]
+        current = np.concatenate([theta[:p], np.log(sigma2[own])])
+        f_rest = f - X @ theta[:p]
+        cand = proposal.sample(self.imh_steps, rng)
+        F = f_rest[:, None] + X @ cand[:p]
+        k, accepted = independence_steps(self._imh_log_target(current[:, None], f[:, None])[0],
+                                         self._imh_log_target(cand, F),
+                                         proposal.log_density(current), proposal.log_density(cand), rng)
+        if k < 0:
+            return theta, f, sigma2, accepted
+        theta, sigma2 = theta.copy(), sigma2.copy()
+        theta[:p] = cand[:p, k]
+        sigma2[own] = np.exp(cand[p:, k])
+        return theta, F[:, k].copy(), sigma2, accepted
+
+    def _imh_log_target(self, x, F):
+        """Log target of :meth:`_independence_move` at the columns of ``x`` (fixed effects, then
+        the log variances), ``F`` the scores."""
+        p = self.p
+        beta, eta = x[:p], x[p:]
+        value = -2.0 * np.maximum(0.0, 1.0 - self.y[:, None] * F).sum(axis=0)
+        value -= 0.5 * np.sum(self._imh_fixed_tau[:, None] * beta * beta, axis=0)
+        for r, k in enumerate(self._imh_variances):
+            idx = self.variance_components[k].index
+            value += (-(0.5 * idx.size + self.A) * eta[r]
+                      - np.exp(-eta[r]) * (0.5 * np.sum(beta[idx] ** 2, axis=0) + self.B))
+        outside = (eta < LOG_VARIANCE_RANGE[0]) | (eta > LOG_VARIANCE_RANGE[1])
+        return np.where(outside.any(axis=0), -np.inf, value)
+
+    def marginal_moves(self, theta, f, sigma2, rng, directions=None, slice_moves=True):
         """The moves of a sweep on the marginal pseudo-posterior (augmentation weights integrated
-        out): each variance non-centred, the intercept-versus-levels shift, the levels and the fixed
-        effects one at a time. Returns ``(theta, f, sigma2)``; w must be drawn afresh after them."""
+        out): each variance non-centred, the intercept-versus-levels shift, the levels and (unless
+        ``slice_moves`` is False) the fixed effects along ``directions``
+        (:meth:`_redraw_fixed_effects`). Returns ``(theta, f, sigma2)``; w must be drawn afresh
+        after them."""
         for _ in range(self.level_rounds if self._shiftable else 1):
             for k in range(sigma2.size):
                 theta, f, sigma2 = self._rescale_variance(k, theta, f, sigma2, rng)
             if self._shiftable:
                 theta = self._shift_location(theta, sigma2, rng)
                 theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
-        theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng)
+        if slice_moves:
+            theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng, directions)
         return theta, f, sigma2
 
     def gibbs_sweep(self, state, rng):
@@ -850,23 +935,45 @@ class LinearSVMModel:
         (no w), so the scale of a whole block of coefficients moves free of the augmentation
         weights, whose coupling with theta is what slows the plain sampler; w is then drawn given
         the new theta. Each step keeps the posterior, so the scan does.
+
+        After tuning, the fixed effects move by the independence sampler if its trial went well
+        (:meth:`_independence_move`, with ``log sigma2_u``), else by slice sampling along the
+        principal axes of their tuning draws. With the independence move kept and no random
+        effects, the augmented steps (theta | w and w | theta, an ``O(n p^2)`` Gram and ``n``
+        inverse-Gaussian draws) are skipped: the scan is then a Metropolis-within-Gibbs sampler on
+        the marginal pseudo-posterior, each of its steps exact.
         """
+        tuner = ProposalTuner.carry(state)
+        phase = ProposalTuner.phase(tuner)
+        marginal_only = phase == ProposalTuner.KEPT and self.q == self.p
         w = state["w"]
-        post = self.coefficient_posterior(w, self.prior_precision(state["tau"]),
-                                          self.prior_blocks(state.get("Lam", ())))
-        theta = post.sample(rng)
+        if marginal_only:
+            theta = state["theta"]
+        else:
+            post = self.coefficient_posterior(w, self.prior_precision(state["tau"]),
+                                              self.prior_blocks(state.get("Lam", ())))
+            theta = post.sample(rng)
         if self.variance_components:
             sq = np.array([np.sum(theta[c.index] ** 2) for c in self.variance_components])
             sigma2 = self.variance_posterior(sq).sample_truncated(np.exp(LOG_VARIANCE_RANGE), rng)
         else:
             sigma2 = np.zeros(0)
-        theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng)
-        w = hinge.sample_inverse(self.y, f, rng)
+        theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng,
+                                               directions=tuner.get("imh_directions"),
+                                               slice_moves=phase != ProposalTuner.KEPT)
+        proposal = ProposalTuner.proposal(tuner, self.imh_df)
+        if proposal is not None:
+            theta, f, sigma2, accepted = self._independence_move(proposal, theta, f, sigma2, rng)
+            if phase == ProposalTuner.TRYING:
+                tuner["imh_tries"] = tuner["imh_tries"] + self.imh_steps
+                tuner["imh_accepts"] = tuner["imh_accepts"] + accepted
+        if not marginal_only:
+            w = hinge.sample_inverse(self.y, f, rng)
         Sigmas = [qc.sample(rng) for qc in self.covariance_posteriors(self.scatter_matrices(theta))]
         Lam = [_spd_inverse(S) for S in Sigmas]
         return {"w": w, "tau": 1.0 / sigma2, "Lam": Lam, "theta": theta, "sigma2": sigma2,
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0), "f": f,
-                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **tuner}
 
     # ------------------------------------------------------------------ MAP
     def map_step(self, theta, sigma2, covs=()):
