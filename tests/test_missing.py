@@ -683,7 +683,7 @@ def test_categorical_with_missing_values_raises(logdata):
 
 @pytest.mark.parametrize("formula, match", [
     ("y ~ x1 + I(x1 ** 2) + x2", r"'x1'.*\['I\(x1 \*\* 2\)'\] is not linear in 'x1'.*Remove"),
-    ("y ~ x1 * x2", r"'x1:x2' multiplies the imputed values of 'x1' and \['x2'\]"),  # row 5 misses both
+    ("y ~ x1 * x2", r"'x1:x2' depends on two imputed values, of 'x1' and \['x2'\]"),  # row 5 misses both
 ])
 def test_missing_variable_entering_nonlinearly_raises(small, formula, match):
     """More in tests/test_missing_interactions.py."""

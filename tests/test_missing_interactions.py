@@ -196,7 +196,7 @@ def test_no_missing_cells_same_fit_as_without_imputation(formula):
     ("y ~ x + I(x ** 2) + z", r"\['I\(x \*\* 2\)'\] is not linear in 'x'"),
     ("y ~ x:z + np.log(x + 5)", r"\['np.log\(x \+ 5\)'\] is not linear in 'x'"),
     ("y ~ poly(x, 2)", r"\['poly\(x, 2\)\[2\]'\] is not linear in 'x'"),
-    ("y ~ x * w", r"'x:w' multiplies the imputed values of 'x' and \['w'\]"),
+    ("y ~ x * w", r"'x:w' depends on two imputed values, of 'x' and \['w'\]"),
 ])
 def test_nonlinear_terms_of_imputed_predictors_raise(formula, match):
     _, mis = frame(120, 1, p_x=0.3, p_w=0.3)

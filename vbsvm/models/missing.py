@@ -1022,11 +1022,11 @@ class ImputationSpec:
                 name = design.column_names[cols[j]]
                 others = [w for w in self.variables if w not in (None, v) and pd.isna(frame[w].iloc[rows[r]])]
                 raise InputError(
-                    f"design column {name!r} multiplies the imputed values of {v!r} and "
-                    f"{others or 'another predictor'} "
-                    f"in {int(bad.any(axis=1).sum())} row(s) (first: {frame.index[rows[r]]!r}); a design column "
-                    "may depend on one imputed value per row (it stays linear in it). Drop those rows, fill one of "
-                    "the predictors, or remove the term.")
+                    f"design column {name!r} depends on two imputed values, of {v!r} and "
+                    f"{others or 'another predictor'}, in {int(bad.any(axis=1).sum())} row(s) (first: "
+                    f"{frame.index[rows[r]]!r}); a design column may depend on one imputed value per row (it is "
+                    "linear in it, as x:z with z observed; the product of two imputed values is not). Drop those "
+                    "rows, fill one of the predictors there, or remove the term.")
             slope = (X1 - X0) / s  # per unit of the raw predictor
             off = X0 - slope * m
             if standardized:  # per unit of (x - center) / scale
