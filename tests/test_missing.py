@@ -681,9 +681,13 @@ def test_categorical_with_missing_values_raises(logdata):
         vbsvm.svm(FORMULA, data=df, missing="impute")
 
 
-@pytest.mark.parametrize("formula", ["y ~ x1 + I(x1 ** 2) + x2", "y ~ x1 * x2"])
-def test_missing_variable_in_two_columns_raises(small, formula):
-    with pytest.raises(InputError, match=r"'x1'.*exactly one numeric term"):
+@pytest.mark.parametrize("formula, match", [
+    ("y ~ x1 + I(x1 ** 2) + x2", r"'x1'.*\['I\(x1 \*\* 2\)'\] is not linear in 'x1'.*Remove"),
+    ("y ~ x1 * x2", r"'x1:x2' depends on two imputed values, of 'x1' and \['x2'\]"),  # row 5 misses both
+])
+def test_missing_variable_entering_nonlinearly_raises(small, formula, match):
+    """More in tests/test_missing_interactions.py."""
+    with pytest.raises(InputError, match=match):
         vbsvm.svm(formula, data=small, missing="impute")
 
 

@@ -5,13 +5,17 @@
 
 * :attr:`ImputedFit.imputed`: one row per missing cell (row label, design column, posterior mean,
   sd and an interval), on the original scale of the **design column**: a predictor entered as
-  ``np.log(choleste)`` is imputed and reported as ``np.log(choleste)``;
+  ``np.log(choleste)`` is imputed and reported as ``np.log(choleste)``; a predictor in
+  interactions (``x * z``) is imputed and reported as the predictor ``x``, its design columns
+  ``x``, ``x:z`` being linear in it (see :mod:`vbsvm.models.missing`, *Interactions*);
 * :meth:`ImputedFit.to_arviz`: the posterior group also holds ``x_missing`` (dim
   ``missing_cell``), ``mu`` (dim ``imp_col``) and ``Sigma`` (dims ``imp_col``, ``imp_col_bis``);
 * :meth:`ImputedFit.predict` accepts rows with missing predictors: the score is integrated over
   the conditional distribution of the missing entries given the observed ones under the fitted
   imputation model (Gibbs: per draw of ``(beta, mu, Sigma)``; VB: with ``E_q[mu]`` and the
-  precision ``E_q[Sigma^{-1}]`` that the VB imputations themselves use);
+  precision ``E_q[Sigma^{-1}]`` that the VB imputations themselves use); a missing predictor
+  in an interaction enters the score linearly, ``theta^T (a + S^T x_M)``, with the row's slopes
+  ``S`` (e.g. ``beta_x + beta_xz z`` for ``x * z``);
 * :meth:`ImputedFit.summary` adds the missing-data counts and the imputation model.
 
 Stored quantities (``fit.posterior``), all on the original scale of the design columns:
@@ -22,11 +26,13 @@ Gibbs: ``x_missing_draws``, ``mu_draws``, ``Sigma_draws``.
 
 from __future__ import annotations
 
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import stats
+from scipy import sparse, stats
 
 from .results import Fit, _interval_names, add_sparse_score
 from .distributions import InverseWishart
@@ -35,6 +41,15 @@ __all__ = ["ImputedFit"]
 
 #: Value of the root attribute ``vbsvm_fit_type`` written by :meth:`ImputedFit.to_arviz`.
 FIT_TYPE = "imputed"
+
+
+class _NewRows(NamedTuple):
+    """What :meth:`ImputedFit._new_rows` passes to the score methods besides the dense rows: the
+    eliminated term's ``(codes, Z)`` and the rows' imputation variables and design entries
+    (:class:`~vbsvm.models.missing.Completion`, original scale)."""
+
+    sc: object
+    completion: object
 
 
 def _chol_inv(A):
@@ -51,24 +66,38 @@ class ImputedFit(Fit):
     """
 
     # ------------------------------------------------------------------ bookkeeping
+    @cached_property
+    def _spec(self):
+        """The imputation variables (:func:`vbsvm.models.missing.imputation_spec`)."""
+        from .models.missing import imputation_spec
+
+        return imputation_spec(self.design)
+
     @property
     def imputation_columns(self) -> list:
-        """Names of the design columns in the imputation model (every non-intercept column)."""
-        return [self.layout.fixed[j] for j in self._imp_cols]
+        """Names of the variables in the imputation model: every non-intercept design column,
+        except that a predictor entering interactions (``x * z``) is one variable named after
+        the predictor, whose design columns are linear in it."""
+        return list(self._spec.names)
 
-    @property
-    def _imp_cols(self) -> np.ndarray:
-        return np.flatnonzero(self.design.penalized)
+    def _completion(self, frame):
+        """Imputation variables and design entries of ``frame``'s missing cells, original scale."""
+        X = self.design.new_X(frame, allow_missing=True, standardized=False)
+        return self._spec.completion(self.design, frame, X, standardized=False)
+
+    @cached_property
+    def _train_mask(self) -> np.ndarray:
+        """Which imputation variables are missing in each training row (n x d)."""
+        return self._completion(self.design.raw).mask
 
     def _cells(self):
-        """Row and imputation-column index of each missing cell (row-major order)."""
-        mask = np.asarray(self.design.missing_mask, dtype=bool)[:, self._imp_cols]
-        return np.nonzero(mask)
+        """Row and imputation-variable index of each missing cell (row-major order)."""
+        return np.nonzero(self._train_mask)
 
     @property
     def n_incomplete(self) -> int:
         """Number of training rows with at least one missing predictor."""
-        return int(np.asarray(self.design.missing_mask)[:, self._imp_cols].any(axis=1).sum())
+        return int(self._train_mask.any(axis=1).sum())
 
     # ------------------------------------------------------------------ imputations
     @property
@@ -108,7 +137,7 @@ class ImputedFit(Fit):
         mu_draws, Sigma_draws = self._imputation_parameter_summaries()
         mean_mu, sd_mu, Sigma = mu_draws[0], mu_draws[1], Sigma_draws
         names = self.imputation_columns
-        n_missing = np.asarray(self.design.missing_mask)[:, self._imp_cols].sum(axis=0)
+        n_missing = self._train_mask.sum(axis=0)
         sd = np.sqrt(np.diag(Sigma))
         table = pd.DataFrame({"n_missing": n_missing.astype(int), "mu": mean_mu, "sd(mu)": sd_mu,
                               "sd(d)": sd}, index=pd.Index(names, name="column"))
@@ -162,11 +191,11 @@ class ImputedFit(Fit):
     def _imputation_notes(self) -> list:
         """Notes of :meth:`summary` (stored in ``info["summary_notes"]`` when the fit is made)."""
         imp = self.info.get("imputation", {})
-        d = len(self._imp_cols)
+        d = self._spec.d
         Psi = np.asarray(imp.get("Psi", 0.01 * np.eye(d)))
         psi_txt = (f"{Psi[0, 0]:g} I" if np.allclose(Psi, Psi[0, 0] * np.eye(d)) else "Psi (user matrix)")
         counts = ", ".join(f"{name}: {int(k)}" for name, k in
-                           zip(self.imputation_columns, np.asarray(self.design.missing_mask)[:, self._imp_cols].sum(0))
+                           zip(self.imputation_columns, self._train_mask.sum(0))
                            if k)
         txt = [
             f"Missing predictors imputed in the model (MCAR assumed): {self.n_incomplete} of {self.n_obs} "
@@ -180,7 +209,10 @@ class ImputedFit(Fit):
             + f"Sigma ~ IW({psi_txt}, {imp.get('nu', 3):g})"
             + ("" if imp.get("prior_proper", True) else
                f" (improper since nu <= d - 1 = {d - 1}; its normalizing constant is left out of the ELBO)")
-            + ". Transformed predictors are imputed on the transformed scale (the design column).",
+            + ". Transformed predictors are imputed on the transformed scale (the design column)"
+            + ("; predictors in interactions (" + ", ".join(v for v in self._spec.variables if v is not None)
+               + ") on their own scale, their design columns computed from the imputations."
+               if any(v is not None for v in self._spec.variables) else "."),
         ]
         if self.conditional:
             txt.append("Cut model (imputation='conditional'): the imputations come from this model given the "
@@ -287,9 +319,10 @@ class ImputedFit(Fit):
         post = dt["posterior"]
         attrs = dict(post.attrs)
         attrs["imputation_model"] = (("d_i | y_i ~ N(mu + y_i gamma, Sigma), cut from the SVM" if self.conditional
-                                      else "d_i ~ N(mu, Sigma)") + " on the non-intercept design columns; values on the "
-                                     "original scale of each design column (transformed predictors on the "
-                                     "transformed scale)")
+                                      else "d_i ~ N(mu, Sigma)")
+                                     + " on the non-intercept design columns (a predictor in interactions: the "
+                                     "predictor); values on the original scale of each design column (transformed "
+                                     "predictors on the transformed scale)")
         if self.method == "vb":
             attrs["q_imputation"] = ("x_missing: Gaussian per incomplete row (x_missing_mean, x_missing_rowcov); "
                                      "mu ~ N(mu_mean, mu_cov); Sigma ~ IW(Sigma_scale, Sigma_df); see group 'vbsvm'")
@@ -304,14 +337,15 @@ class ImputedFit(Fit):
 
         theta = self._draws()[0]
         x = self._imputation_draws()[0]
-        dense, sc = self._new_rows(self.design.raw, new_levels="zero")
+        dense, (sc, comp) = self._new_rows(self.design.raw, new_levels="zero")
         nd = self.layout.n_dense
-        clean = np.where(np.isnan(dense), 0.0, dense)
-        F = np.stack([add_sparse_score(t[:, :nd] @ clean.T, t[:, nd:], sc) for t in theta])
-        rows, cols = self._cells()
-        for j in np.unique(cols):  # one pass per imputed column, all its cells at once
-            k = np.flatnonzero(cols == j)
-            F[..., rows[k]] += theta[..., self._imp_cols[j], None] * x[..., k]
+        F = np.stack([add_sparse_score(t[:, :nd] @ dense.T, t[:, nd:], sc) for t in theta])
+        # every design entry of a missing cell is e_off + e_slope x (dense holds e_off): add the
+        # coefficient times e_slope x, summed by row
+        E = comp.e_cell.size
+        to_rows = sparse.csr_matrix((np.ones(E), (comp.e_row, np.arange(E))), shape=(dense.shape[0], E))
+        contrib = theta[..., comp.e_col] * comp.e_slope * x[..., comp.e_cell]
+        F += (to_rows @ contrib.reshape(-1, E).T).T.reshape(F.shape)
         return xr.Dataset({"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
                           attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}",
                                  "imputations": "incomplete rows completed with each draw's imputations"})
@@ -347,13 +381,19 @@ class ImputedFit(Fit):
 
     # ------------------------------------------------------------------ prediction
     def _new_rows(self, newdata, allow_missing=True, new_levels="zero"):
-        """As :meth:`Fit._new_rows`, keeping rows with missing predictors (NaN entries)."""
-        return super()._new_rows(newdata, allow_missing=allow_missing, new_levels=new_levels)
+        """As :meth:`Fit._new_rows`, with every entry that depends on a missing cell at its value
+        for the cell 0 (``e_off``; the entry is ``e_off + e_slope x``) and, in place of the
+        eliminated term's ``(codes, Z)``, a :class:`_NewRows` that adds the rows'
+        :class:`~vbsvm.models.missing.Completion`."""
+        dense, sc = super()._new_rows(newdata, allow_missing=allow_missing, new_levels=new_levels)
+        comp = self._completion(newdata)
+        comp.fill(dense, 0.0)
+        return dense, _NewRows(sc, comp)
 
-    def _patterns(self, dense):
-        """Groups of rows of ``dense`` sharing a missingness pattern among the imputation columns."""
-        imp = self._imp_cols
-        nan = np.isnan(dense[:, imp])
+    @staticmethod
+    def _patterns(comp):
+        """Groups of rows sharing a missingness pattern among the imputation variables."""
+        nan = comp.mask
         rows = np.flatnonzero(nan.any(axis=1))
         if rows.size == 0:
             return []
@@ -403,10 +443,15 @@ class ImputedFit(Fit):
         mean = np.sum(W * values, axis=0)
         return W, mean, np.sum(W * values ** 2, axis=0) - mean ** 2
 
-    def _vb_score(self, dense, sc):
+    def _vb_score(self, dense, rows):
+        """Mean and variance of the score under q (see :meth:`_score_moments`). A design entry
+        ``e_off + e_slope x`` of a missing cell is linear in it, so row r's score is
+        ``theta^T c_r`` with ``E[c_r | x_O, c] = `` the entries at the conditional mean and
+        ``Cov(c_r | x_O) = S_r^T Var(x_M | x_O) S_r`` (slopes ``S_r``), whose part of the score's
+        variance is ``E_q[theta^T Cov(c_r) theta] = mu^T Cov(c_r) mu + tr(Sigma_theta Cov(c_r))``."""
+        sc, comp = rows
         P, lay = self.posterior, self.layout
-        imp = self._imp_cols
-        patterns = self._patterns(dense)
+        patterns = self._patterns(comp)
         if not patterns:
             return self._vb_score_moments(dense, sc)
         cm = P.get("class_means_mean")
@@ -415,8 +460,9 @@ class ImputedFit(Fit):
             comps = [(lp, m) for (lp, _), m in zip(comps, cm)]
         Lam = float(P["Sigma_df"]) * _chol_inv(P["Sigma_scale"])  # E_q[Sigma^{-1}]
         Sig = _chol_inv(Lam)
-        th = P["theta_mean"][: lay.n_dense]
-        cov = P["theta_cov_dense"]
+        aff = comp.affected
+        th = P["theta_mean"][aff]
+        cov = P["theta_cov_dense"][np.ix_(aff, aff)]
         extra = np.zeros(dense.shape[0])
         filled = [dense.copy() for _ in comps]
         logw = np.array([np.full(dense.shape[0], lp) for lp, _ in comps])
@@ -424,25 +470,28 @@ class ImputedFit(Fit):
             V = _chol_inv(Lam[np.ix_(M, M)])  # Var(x_M | x_O)
             K = V @ Lam[np.ix_(M, O)] if O.size else None  # Lam_MM^{-1} Lam_MO
             SOOi = _chol_inv(Sig[np.ix_(O, O)]) if O.size else None
+            S = comp.slopes(R, M)  # (r, m, a)
             for k, (_, mu) in enumerate(comps):
                 cond = np.broadcast_to(mu[M], (R.size, M.size)).copy()
                 if O.size:
-                    dev = dense[np.ix_(R, imp[O])] - mu[O]
+                    dev = comp.D[np.ix_(R, O)] - mu[O]
                     cond -= dev @ K.T
                     logw[k, R] -= 0.5 * np.einsum("ro,op,rp->r", dev, SOOi, dev)
-                filled[k][np.ix_(R, imp[M])] = cond
-            bM = th[imp[M]]
-            extra[R] = bM @ V @ bM + np.sum(cov[np.ix_(imp[M], imp[M])] * V)
+                filled[k][np.ix_(R, aff)] += np.einsum("rm,rmk->rk", cond, S)
+            T = np.einsum("rak,ab,rbl->rkl", S, V, S)  # Cov(c_r | x_O) on the affected columns
+            extra[R] = np.einsum("k,rkl,l->r", th, T, th) + np.einsum("rkl,kl->r", T, cov)
         moments = [self._vb_score_moments(f, sc) for f in filled]
         means = np.array([m for m, _ in moments])
-        _, mean, between = self._mixture(logw, means)
-        within = np.sum(self._mixture(logw, means)[0] * np.array([v for _, v in moments]), axis=0)
+        W, mean, between = self._mixture(logw, means)
+        within = np.sum(W * np.array([v for _, v in moments]), axis=0)
         return mean, within + between + extra
 
-    def _score_draw_stats(self, dense, sc, chunk=512):
+    def _score_draw_stats(self, dense, rows, chunk=512):
         """Mean, sd and P(f > 0) of the score over the Gibbs draws, rows with missing entries
         integrated over x_M | x_O per draw (a Gaussian mixture over the draws and, for the
-        conditional model, over the label)."""
+        conditional model, over the label). Row r's score is linear in its missing cells with
+        the per-draw coefficients ``b_r = S_r theta`` (slopes ``S_r`` of its design entries)."""
+        sc, comp = rows
         lay = self.layout
         draws = self._theta_draws()
         S = draws.shape[0]
@@ -451,18 +500,17 @@ class ImputedFit(Fit):
         Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, d, d)
         gamma = self.posterior.get("gamma_draws")
         comps = self._components(mu, None if gamma is None else np.asarray(gamma).reshape(S, d))
-        imp = self._imp_cols
         n = dense.shape[0]
         Fm = np.empty((S, n))  # per-draw conditional mean of the score
         Fv = np.zeros((S, n))  # per-draw conditional variance (0 for complete rows)
-        clean = np.where(np.isnan(dense), 0.0, dense)
         for start in range(0, n, 2048):
             sl = slice(start, start + 2048)
-            Fm[:, sl] = draws[:, : lay.n_dense] @ clean[sl].T
+            Fm[:, sl] = draws[:, : lay.n_dense] @ dense[sl].T
         add_sparse_score(Fm, draws[:, lay.n_dense:], sc)
         pos = (Fm > 0).astype(float)  # per-draw P(f > 0); complete rows: the sign of the score
-        for R, M, O in self._patterns(dense):
-            bM = draws[:, imp[M]]  # (S, m)
+        theta_aff = draws[:, comp.affected]
+        for R, M, O in self._patterns(comp):
+            slopes = comp.slopes(R, M)  # (r, m, a)
             SMM = Sigma[:, M][:, :, M]
             if O.size:
                 SOO = Sigma[:, O][:, :, O]
@@ -472,18 +520,19 @@ class ImputedFit(Fit):
                 V = SMM - np.einsum("som,sok->smk", SOM, K)
             else:
                 V = SMM
-            vm = np.einsum("sm,smk,sk->s", bM, V, bM)[:, None]
             for start in range(0, R.size, chunk):
                 rr = R[start: start + chunk]
+                b = np.einsum("rmk,sk->srm", slopes[start: start + chunk], theta_aff)  # (S, r, m)
+                vm = np.einsum("srm,smk,srk->sr", b, V, b)
                 fc, logw = [], []
                 for lp, mc in comps:
                     cond = np.broadcast_to(mc[:, None, M], (S, rr.size, M.size))
                     lw = np.full((S, rr.size), lp)
                     if O.size:
-                        dev = dense[np.ix_(rr, imp[O])][None, :, :] - mc[:, None, O]  # (S, r, o)
+                        dev = comp.D[np.ix_(rr, O)][None, :, :] - mc[:, None, O]  # (S, r, o)
                         cond = cond + np.einsum("sro,som->srm", dev, K)
                         lw = lw - 0.5 * np.einsum("sro,sop,srp->sr", dev, SOOi, dev)
-                    fc.append(Fm[:, rr] + np.einsum("sm,srm->sr", bM, cond))
+                    fc.append(Fm[:, rr] + np.einsum("srm,srm->sr", b, cond))
                     logw.append(lw)
                 fc = np.array(fc)
                 W, Fm[:, rr], between = self._mixture(np.array(logw), fc)

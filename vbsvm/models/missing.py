@@ -39,10 +39,58 @@ standardized scale of the design columns.
 **Transformed predictors.** The imputation model acts on the *design columns*: a predictor that
 enters as ``np.log(choleste)`` is imputed as ``np.log(choleste)``, i.e. on the transformed scale
 where the Gaussian model is placed, and :attr:`ImputedFit.imputed` reports values on that scale.
-A raw variable with missing values must therefore enter the design through exactly one column
-(``x`` and ``x:z``, or ``x`` and ``I(x**2)``, would be imputed as unrelated Gaussians, so they are
-refused with an :class:`~vbsvm.exceptions.InputError`), and categorical predictors with missing
-values are refused by :func:`vbsvm.design.build_design`.
+Categorical predictors with missing values are refused by :func:`vbsvm.design.build_design`.
+
+**Interactions** (the conditional model only). A numeric predictor that enters several design
+columns, or a column together with other predictors (``x * z``, ``x:z + x``, ``x:C(g)``), is one
+imputation variable: the predictor itself, standardized by its observed mean and sd
+(:class:`ImputationSpec`); :math:`D` then holds these predictors and the other non-intercept
+columns. Every design column that involves such a predictor must be *linear* in it: the entry of
+row i is
+
+.. math::
+
+    c_{ij} = a_{ij} + s_{ij}\, d_{ik},
+
+with :math:`a_{ij}, s_{ij}` functions of the row's observed predictors and of the fixed
+standardization constants (for ``x:z``: :math:`s_{ij} = s_x z_i / \sigma_{x:z}`, :math:`s_x` the sd of the
+observed x and :math:`\sigma_{x:z}` the design's scale of the column), obtained by evaluating the
+formula at two values of the predictor (:meth:`ImputationSpec.completion`). The completed design
+of a completion is therefore the design evaluated on the completed data. Every standardization
+constant is computed once from the observed entries (the design's from each column's observed
+entries, the predictor's from its observed values) and never from imputations. With
+:math:`S_i` (:math:`m_i \times p`) the slopes of row i (:math:`[S_i]_{aj} = s_{ij}` if column j depends on
+the a-th missing cell of the row, 0 otherwise; for main effects :math:`S_i` selects the columns)
+and :math:`q(d_{i,\mathcal M_i}) = N(\tilde d_{i,\mathcal M_i}, V_i)`:
+
+.. math::
+
+    E_q[c_i] = a_i + S_i^T \tilde d_{i,\mathcal M_i}, \qquad
+    \mathrm{Cov}_q(c_i) = S_i^T V_i S_i, \qquad
+    E_q[c_i c_i^T] = E_q[c_i] E_q[c_i]^T + S_i^T V_i S_i,
+
+i.e. :math:`\mathrm{Cov}_q(c_{ij}, c_{ij'}) = s_{ij} s_{ij'} \mathrm{Cov}_q(d_{ik}, d_{ik'})`: two columns that
+involve the same missing cell covary as its variance times the product of their observed
+multipliers (``x`` and ``x:z``: :math:`V_{i,xx}\, s_x^2 z_i / (\sigma_x \sigma_{x:z})`). These
+moments enter the VB of :class:`CutImputedSVMModel` (:math:`C^TWC \to \tilde C^TW\tilde C +
+\sum_i w_i \mathrm{Cov}_q(c_i)`, and :math:`\chi_i`); Gibbs and the pooled VB just complete the
+design. A column that is not linear in a predictor with missing values (``x + I(x**2)``,
+``np.log(x):z``, ``poly(x, 2)``), or that multiplies two predictors missing in the same row
+(``x:w``), is refused with an :class:`~vbsvm.exceptions.InputError` naming it; a predictor that
+enters one column of itself alone keeps any transformation (imputed on that column's scale).
+The joint model refuses interactions: its hinge feedback would act through the row-specific
+coefficients :math:`S_i\theta`, which the paper's model does not cover.
+
+*Caution* (``benchmarks/imputation_simulation.py --interaction``,
+``benchmarks/results/imputation_simulation_interaction.md``): the conditional model shares
+:math:`\Sigma` between the classes, so the regression of x on z is the same in both; an x:z effect
+on y makes it differ, and the imputations, lacking that y:z term, attenuate the x:z coefficient:
+0.78x the full-data fit (VB and Gibbs alike) with 30% of x MCAR-missing, as independent multiple
+imputation from the same regression (0.78x), while complete cases are unbiased under MCAR (0.99x)
+and closer to the full-data fit. Imputing from the regression within each class (what a
+class-specific :math:`\Sigma_y` would do) gives 0.89x: less attenuation, still farther than complete
+cases (the true x | z, y is not Gaussian). Use complete cases or a substantive-model-compatible
+imputation when the interaction coefficient is the target.
 
 Full conditionals (Appendix C), written once and used by both engines. With
 :math:`w_i = 1/a_i`, :math:`\Lambda = \Sigma^{-1}` and :math:`r_i = f_i - \beta_D^T d_i` (the part of
@@ -101,8 +149,10 @@ so that :math:`(A + w_iB)^{-1} = V\mathrm{diag}\{1/(1 + w_i\lambda)\}V^T` with
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
+import pandas as pd
 from scipy.special import multigammaln
 
 from ..distributions import Gaussian, InverseWishart
@@ -110,8 +160,8 @@ from ..exceptions import InputError, InputTypeError
 from . import hinge
 from .linear import CoefficientPosterior, LinearSVMModel, fixed_effect_precision
 
-__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "fit_imputed", "imputation_columns", "check_imputable",
-           "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
+__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "fit_imputed",
+           "imputation_columns", "imputation_spec", "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
 
 LOG_2PI = float(np.log(2.0 * np.pi))
 LOG_2 = float(np.log(2.0))
@@ -194,10 +244,14 @@ class Pattern:
         Missing and observed imputation-column indices (0..d-1).
     cells : ndarray (n_k, m) of int
         Position of each missing cell in the row-major list of missing cells.
+    slopes : ndarray (n_k, m, a)
+        Slopes of the rows' design entries on their missing cells over the affected columns
+        (:meth:`Completion.slopes`).
     """
 
-    def __init__(self, rows, pos, miss, obs, cells):
+    def __init__(self, rows, pos, miss, obs, cells, slopes):
         self.rows, self.pos, self.miss, self.obs, self.cells = rows, pos, miss, obs, cells
+        self.slopes = slopes
 
     @property
     def m(self) -> int:
@@ -218,7 +272,8 @@ class ImputedSVMModel:
     fixed_precision : ndarray (p,)
         As in :class:`~vbsvm.models.linear.LinearSVMModel` (NaN = under the inferred penalty).
     imp_cols : sequence of int
-        Columns of ``X`` in the imputation model (the non-intercept columns).
+        Columns of ``X`` in the imputation model (the non-intercept columns); ignored when
+        ``completion`` is given.
     A, B : float
         ``IG(A, B)`` prior of every inferred variance.
     sigma2_mu : float
@@ -227,24 +282,35 @@ class ImputedSVMModel:
         Inverse-Wishart scale.
     nu : float
         Inverse-Wishart degrees of freedom (``nu <= d - 1`` is an improper prior; allowed).
+    completion : Completion, optional
+        The imputation variables and the design entries of their missing cells (from
+        :meth:`ImputationSpec.completion`; interactions need it). Default: every column
+        ``imp_cols`` is an imputation variable (:meth:`Completion.direct`).
     """
 
     def __init__(self, X, y, groups, fixed_precision, imp_cols, *, A=0.01, B=0.01,
-                 sigma2_mu=DEFAULT_SIGMA2_MU, Psi=None, nu=DEFAULT_NU):
+                 sigma2_mu=DEFAULT_SIGMA2_MU, Psi=None, nu=DEFAULT_NU, completion=None):
         X = np.asarray(X, dtype=float)
         n, p = X.shape
         self.n, self.p = n, p
         self.y = np.asarray(y, dtype=float)
-        self.imp_cols = np.asarray(imp_cols, dtype=np.int64)
+        comp = self.completion = Completion.direct(X, imp_cols) if completion is None else completion
+        self.imp_cols = comp.columns
         d = self.d = self.imp_cols.size
         if d == 0:
             raise InputError("missing='impute' needs at least one predictor column besides the intercept.")
-        D = X[:, self.imp_cols]
-        self.mask = np.isnan(D)
-        nan_other = np.isnan(np.delete(X, self.imp_cols, axis=1))
-        if nan_other.any():
-            raise InputError("only non-intercept design columns can be imputed; the intercept has NaN.")
+        if type(self) is ImputedSVMModel and not comp.is_direct:
+            raise InputError("the joint imputation model (imputation='joint') needs every imputation variable to be "
+                             "a design column; imputed predictors in interactions need imputation='conditional'.")
+        covered = np.zeros((n, p), dtype=bool)
+        covered[comp.e_row, comp.e_col] = True
+        if (np.isnan(X) & ~covered).any():
+            raise InputError("only design entries that depend on a missing imputation variable can be imputed; "
+                             f"columns {np.flatnonzero((np.isnan(X) & ~covered).any(axis=0)).tolist()} have other NaN.")
+        D = comp.D
+        self.mask = comp.mask
         self.D0 = np.where(self.mask, 0.0, D)
+        self._D = self.D0.copy()
         self.linear = LinearSVMModel(np.where(np.isnan(X), 0.0, X), y, groups, fixed_precision, A=A, B=B)
         lin = self.linear
         #: flops of the largest product of a sweep, read by the engines' BLAS thread limit
@@ -252,9 +318,8 @@ class ImputedSVMModel:
         # the dense coordinates of theta that are not imputation columns (intercept, small factors)
         self.other_dense = np.setdiff1d(np.arange(lin.qd), self.imp_cols)
         # missing cells in row-major order
-        self.cell_rows, self.cell_cols = np.nonzero(self.mask)
+        self.cell_rows, self.cell_cols = comp.cell_rows, comp.cell_cols
         self.n_cells = self.cell_rows.size
-        self.cell_cd = self.imp_cols[self.cell_cols]
         self.mcols = np.flatnonzero(self.mask.any(axis=0))
         self.dm = self.mcols.size
         self.mrows = np.flatnonzero(self.mask.any(axis=1))
@@ -268,7 +333,9 @@ class ImputedSVMModel:
                 where = np.flatnonzero(inverse == k)
                 rows = self.mrows[where]
                 miss, obs = np.flatnonzero(pat), np.flatnonzero(~pat)
-                self.patterns.append(Pattern(rows, where, miss, obs, pos[np.ix_(rows, miss)]))
+                self.patterns.append(Pattern(rows, where, miss, obs, pos[np.ix_(rows, miss)], comp.slopes(rows, miss)))
+        #: design columns with entries that depend on missing cells (the slopes' last axis)
+        self.affected = comp.affected
         # positions of the missing columns inside the (dm x dm) block
         self._mpos = -np.ones(d, dtype=np.int64)
         self._mpos[self.mcols] = np.arange(self.dm)
@@ -297,13 +364,31 @@ class ImputedSVMModel:
 
     # ------------------------------------------------------------------ helpers
     def set_cells(self, values):
-        """Write values of the missing cells into the design of the coefficient block."""
+        """Write values of the missing cells into the imputation variables and the design of the
+        coefficient block (every entry that depends on a cell, linear in it)."""
         if self.n_cells:
-            self.linear.Cd[self.cell_rows, self.cell_cd] = values
+            self._D[self.cell_rows, self.cell_cols] = values
+            self.completion.fill(self.linear.Cd, values)
 
     def current_D(self) -> np.ndarray:
-        """The imputation columns as currently filled in (n x d copy)."""
-        return self.linear.Cd[:, self.imp_cols]
+        """The imputation variables as currently filled in (n x d copy)."""
+        return self._D.copy()
+
+    def design_cov(self, pattern, cov) -> np.ndarray:
+        r"""Covariances of the completed design rows of a pattern over :attr:`affected`:
+        :math:`\mathrm{Cov}(c_i) = S_i^T \mathrm{Cov}(d_{i,\mathcal M}) S_i` (``S_i`` the slopes,
+        :meth:`Completion.slopes`), shape ``(n_k, a, a)``.
+
+        Parameters
+        ----------
+        pattern : Pattern
+        cov : ndarray (m, m) or (n_k, m, m)
+            Covariance of the missing cells (shared by the pattern's rows, or one per row).
+        """
+        S = pattern.slopes
+        if np.ndim(cov) == 2:
+            return np.einsum("iak,ab,ibl->ikl", S, cov, S)
+        return np.einsum("iak,iab,ibl->ikl", S, cov, S)
 
     def _embed(self, pattern, block, size="d"):
         """Place an (m x m) block of a pattern into a (d x d) or (dm x dm) matrix."""
@@ -603,7 +688,9 @@ class CutImputedSVMModel(ImputedSVMModel):
     SVM's factors are Algorithm 2's with expectations over the fixed :math:`q(D_{mis})`:
     :math:`C^TWC \to \tilde C^TW\tilde C + \sum_i w_i \mathrm{Cov}_q(c_i)`,
     :math:`\chi_i = (1 - y_i\tilde c_i^T\mu_\theta)^2 + \tilde c_i^T\Sigma_\theta\tilde c_i
-    + \mathrm{tr}\{(\Sigma_\theta + \mu_\theta\mu_\theta^T)_{DD}\mathrm{Cov}_q(d_i)\}`. The reported ELBO is the
+    + \mathrm{tr}\{(\Sigma_\theta + \mu_\theta\mu_\theta^T)\mathrm{Cov}_q(c_i)\}`, with
+    :math:`\mathrm{Cov}_q(c_i) = S_i^T \mathrm{Cov}_q(d_{i\mathcal M}) S_i` (module docstring,
+    *Interactions*; :meth:`ImputedSVMModel.design_cov`). The reported ELBO is the
     SVM part's bound given :math:`q(D_{mis})`.
     """
 
@@ -688,18 +775,17 @@ class CutImputedSVMModel(ImputedSVMModel):
         w = hinge.expected_inverse(chi)
         tau = lin.prior_precision(self._Aq / Bq)
         self.set_cells(iq["cells"])
+        aff = self.affected
+        covs = [self.design_cov(pat, cov) for pat, cov in zip(self.patterns, iq["cov"])]  # Cov_q(c_i)
         extra = np.zeros((lin.qd, lin.qd))
         if self.dm:
-            mcd = self.imp_cols[self.mcols]
-            extra[np.ix_(mcd, mcd)] = sum(w[pat.rows].sum() * self._embed(pat, cov, size="m")
-                                          for pat, cov in zip(self.patterns, iq["cov"]))
+            extra[np.ix_(aff, aff)] = sum(np.einsum("i,ikl->kl", w[pat.rows], T) for pat, T in zip(self.patterns, covs))
         post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra)
         mean, dcov, covd = post.mean, post.diag_cov(), post.cov_dense()
-        muD = mean[self.imp_cols]
-        Omega = covd[np.ix_(self.imp_cols, self.imp_cols)] + np.outer(muD, muD)
+        Omega = covd[np.ix_(aff, aff)] + np.outer(mean[aff], mean[aff])  # E[theta theta^T] on those columns
         mf, vf = post.linear_predictor()
-        for pat, cov in zip(self.patterns, iq["cov"]):
-            vf[pat.rows] += float(np.sum(Omega[np.ix_(pat.miss, pat.miss)] * cov))
+        for pat, T in zip(self.patterns, covs):
+            vf[pat.rows] += np.einsum("ikl,kl->i", T, Omega)
         chi_new = hinge.update_chi(self.y, mf, vf)
         q_var = lin.variance_posterior(lin.second_moments(mean, dcov))
         means, mean_covs = iq["means"], iq["mean_covs"]
@@ -744,50 +830,279 @@ class CutImputedSVMModel(ImputedSVMModel):
 
 # --------------------------------------------------------------------------- checks and settings
 def imputation_columns(design) -> np.ndarray:
-    """Columns of ``design.X`` in the imputation model: every non-intercept column."""
+    """Columns of ``design.X`` in the imputation model when every imputation variable is a design
+    column (no imputed predictor in an interaction): every non-intercept column."""
     return np.flatnonzero(design.penalized)
 
 
-def check_imputable(design):
-    """Raise :class:`~vbsvm.exceptions.InputError` if the design cannot be imputed coherently.
+class Completion:
+    r"""The imputation variables of a data set and the design entries their missing cells set.
 
-    * a raw variable with missing values must enter exactly one design column (an interaction
-      ``x:z`` or a second transformation ``I(x**2)`` of a missing ``x`` would be imputed as an
-      unrelated Gaussian variable);
+    Every design entry that depends on a missing cell is linear in it,
+    ``c_ij = e_off + e_slope * d_ik`` (see the module docstring, *Interactions*).
+
+    Parameters
+    ----------
+    D : ndarray (n, d)
+        The imputation variables, NaN in the missing cells.
+    columns : ndarray (d,) of int
+        Design column of each variable (-1: a raw predictor that enters interactions).
+    e_cell, e_col : ndarray of int
+        For every design entry that depends on a missing cell: the cell (its position in the
+        row-major list ``np.nonzero(np.isnan(D))``) and the design column; its row is the cell's.
+    e_off, e_slope : ndarray
+        The entry is ``e_off + e_slope * d`` for the cell's value ``d``.
+    """
+
+    def __init__(self, D, columns, e_cell, e_col, e_off, e_slope):
+        self.D = D
+        self.columns = np.asarray(columns, dtype=np.int64)
+        self.mask = np.isnan(D)
+        self.cell_rows, self.cell_cols = np.nonzero(self.mask)
+        self.e_cell, self.e_col = np.asarray(e_cell, dtype=np.int64), np.asarray(e_col, dtype=np.int64)
+        self.e_off, self.e_slope = np.asarray(e_off, dtype=float), np.asarray(e_slope, dtype=float)
+        self.e_row = self.cell_rows[self.e_cell]
+        #: design columns with an entry that depends on a missing cell
+        self.affected = np.unique(self.e_col)
+
+    @classmethod
+    def direct(cls, X, imp_cols):
+        """Every imputation variable is the design column ``imp_cols[k]`` (entries ``0 + 1 d``)."""
+        imp_cols = np.asarray(imp_cols, dtype=np.int64)
+        D = np.asarray(X, dtype=float)[:, imp_cols]
+        cols = np.nonzero(np.isnan(D))[1]
+        return cls(D, imp_cols, np.arange(cols.size), imp_cols[cols], np.zeros(cols.size), np.ones(cols.size))
+
+    @property
+    def is_direct(self) -> bool:
+        """True if every imputation variable is a design column (no interactions)."""
+        return bool(np.all(self.columns >= 0))
+
+    def fill(self, X, values):
+        """Write the design entries of the missing cells at ``values`` (row-major cell order)
+        into ``X`` (in place; ``values = 0`` writes the offsets)."""
+        values = np.broadcast_to(values, self.cell_rows.shape)
+        X[self.e_row, self.e_col] = self.e_off + self.e_slope * values[self.e_cell]
+
+    def slopes(self, rows, miss) -> np.ndarray:
+        r"""Slopes of the design entries of ``rows`` (rows sharing the missing variables
+        ``miss``) on their missing cells: ``S[r, a, k] = dc_{r, affected[k]} / dd_{r, miss[a]}``,
+        shape ``(len(rows), len(miss), len(affected))``, so that
+        :math:`\mathrm{Cov}(c_r) = S_r^T \mathrm{Cov}(d_{r,M}) S_r` on the :attr:`affected` columns."""
+        columns = self.affected
+        rpos = -np.ones(self.D.shape[0], dtype=np.int64)
+        rpos[rows] = np.arange(len(rows))
+        vpos = -np.ones(self.D.shape[1], dtype=np.int64)
+        vpos[miss] = np.arange(len(miss))
+        cpos = -np.ones(int(self.e_col.max(initial=-1)) + 1, dtype=np.int64)
+        cpos[columns] = np.arange(len(columns))
+        sel = np.flatnonzero(rpos[self.e_row] >= 0)
+        S = np.zeros((len(rows), len(miss), len(columns)))
+        S[rpos[self.e_row[sel]], vpos[self.cell_cols[self.e_cell[sel]]], cpos[self.e_col[sel]]] = self.e_slope[sel]
+        return S
+
+
+def _column_variables(design) -> list:
+    """The raw predictors each column of ``design.X`` depends on (list of sets)."""
+    spec, raw = design.spec, set(design.raw.columns)
+    if not hasattr(spec, "structure"):  # a plain sum of numeric columns
+        return [set() if name == "Intercept" else {name} for name in design.column_names]
+    by_name = {}
+    for s in spec.structure:
+        found = {str(v) for v in spec.term_variables[s.term] if v.source == "data"} & raw
+        by_name.update({c: found for c in s.columns})
+    return [by_name[c] for c in design.column_names]
+
+
+def _with_value(frame, var, value):
+    out = frame.copy()
+    out[var] = float(value)
+    return out
+
+
+def _new_X(design, frame, standardized):
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return design.new_X(frame, allow_missing=True, standardized=standardized)
+
+
+class ImputationSpec:
+    r"""The variables of the imputation model of a design and how the design depends on them.
+
+    An imputation variable is either a non-intercept design column that involves no
+    *interacted* predictor (a predictor with missing values entering one column of any
+    transformation is imputed on that column's scale, e.g. ``np.log(chol)``), or an interacted
+    raw predictor: a numeric predictor entering several columns or a column with other
+    predictors (``x * z``, ``x:C(g)``), every one of them linear in it. Build with
+    :func:`imputation_spec`.
+
+    Attributes
+    ----------
+    names : list of str
+        Design column name, or the predictor's name for an interacted predictor.
+    columns : ndarray (d,) of int
+        Design column of each variable, -1 for an interacted predictor.
+    variables : list
+        The interacted predictor's name, None for a design column.
+    center, scale : ndarray (d,)
+        The model's scale of each variable, ``(value - center) / scale``: the design's
+        standardization for a column, the observed mean and sd (``ddof=1``) of an interacted
+        predictor (0 and 1 with ``standardize=False``). Fixed by the training data.
+    linear_columns : dict
+        Variable index -> design columns that depend on that interacted predictor.
+    nonlinear : dict
+        Numeric predictors observed in training that enter a design column nonlinearly and with
+        other columns (``x + I(x**2)``): name -> those columns; missing values there cannot be
+        imputed at prediction time.
+    probe : dict
+        Interacted predictor -> (observed mean, sd): the two values at which
+        :meth:`completion` evaluates the formula to find each entry's offset and slope.
+    """
+
+    def __init__(self, names, columns, variables, center, scale, linear_columns, nonlinear, probe):
+        self.names, self.variables = names, variables
+        self.columns = np.asarray(columns, dtype=np.int64)
+        self.center, self.scale = np.asarray(center, dtype=float), np.asarray(scale, dtype=float)
+        self.linear_columns, self.nonlinear, self.probe = linear_columns, nonlinear, probe
+
+    @property
+    def d(self) -> int:
+        return len(self.names)
+
+    def completion(self, design, frame, X, standardized=True) -> Completion:
+        """The imputation variables of ``frame`` and the design entries of its missing cells.
+
+        Parameters
+        ----------
+        design : vbsvm.design.Design
+        frame : pandas.DataFrame
+            The training rows (``design.raw``) or new data.
+        X : ndarray (n, p)
+            ``design.new_X(frame, allow_missing=True, standardized=standardized)``.
+        standardized : bool
+            The model's scale (True) or the original scale of the design columns and predictors.
+
+        Returns
+        -------
+        Completion
+        """
+        for v, cols in self.nonlinear.items():
+            if frame[v].isna().any():
+                raise InputError(
+                    f"predictor {v!r} is missing in {int(frame[v].isna().sum())} row(s) but enters the design "
+                    f"nonlinearly through {cols}, so it cannot be imputed; fill {v!r} in those rows or drop them.")
+        n, d = len(frame), self.d
+        D = np.empty((n, d))
+        for k in range(d):
+            if self.columns[k] >= 0:
+                D[:, k] = X[:, self.columns[k]]
+            else:
+                vals = frame[self.variables[k]].to_numpy(dtype=float, na_value=np.nan)
+                D[:, k] = (vals - self.center[k]) / self.scale[k] if standardized else vals
+        mask = np.isnan(D)
+        pos = -np.ones((n, d), dtype=np.int64)
+        pos[mask] = np.arange(int(mask.sum()))
+        parts = []
+        for k in range(d):
+            rows = np.flatnonzero(mask[:, k])
+            if not rows.size:
+                continue
+            if self.columns[k] >= 0:
+                parts.append((pos[rows, k], np.full(rows.size, self.columns[k]), np.zeros(rows.size),
+                              np.ones(rows.size)))
+                continue
+            v, cols = self.variables[k], self.linear_columns[k]
+            m, s = self.probe[v]
+            sub = frame.iloc[rows]
+            X0 = _new_X(design, _with_value(sub, v, m), standardized)[:, cols]
+            X1 = _new_X(design, _with_value(sub, v, m + s), standardized)[:, cols]
+            bad = ~np.isfinite(X0) | ~np.isfinite(X1)
+            if bad.any():
+                r, j = np.argwhere(bad)[0]
+                name = design.column_names[cols[j]]
+                others = [w for w in self.variables if w not in (None, v) and pd.isna(frame[w].iloc[rows[r]])]
+                raise InputError(
+                    f"design column {name!r} depends on two imputed values, of {v!r} and "
+                    f"{others or 'another predictor'}, in {int(bad.any(axis=1).sum())} row(s) (first: "
+                    f"{frame.index[rows[r]]!r}); a design column may depend on one imputed value per row (it is "
+                    "linear in it, as x:z with z observed; the product of two imputed values is not). Drop those "
+                    "rows, fill one of the predictors there, or remove the term.")
+            slope = (X1 - X0) / s  # per unit of the raw predictor
+            off = X0 - slope * m
+            if standardized:  # per unit of (x - center) / scale
+                off, slope = off + slope * self.center[k], slope * self.scale[k]
+            parts.append((np.repeat(pos[rows, k], len(cols)), np.tile(cols, rows.size), off.ravel(), slope.ravel()))
+        e = [np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(4)]
+        return Completion(D, self.columns, e[0], e[1], e[2], e[3])
+
+
+def _nonlinear_columns(design, probe, v, cols, m, s) -> list:
+    """Columns of ``cols`` that are not linear in the predictor ``v`` on the ``probe`` rows
+    (values ``m``, ``m + s`` and ``m - 0.7 s`` of ``v``)."""
+    try:
+        X = [_new_X(design, _with_value(probe, v, t), False)[:, cols] for t in (m, m + s, m - 0.7 * s)]
+    except InputError:  # infinite values: not linear
+        return list(cols)
+    ok = np.isfinite(X[0]) & np.isfinite(X[1]) & np.isfinite(X[2])
+    with np.errstate(invalid="ignore"):
+        ok &= np.abs(X[2] - (X[0] - 0.7 * (X[1] - X[0]))) <= 1e-8 * (1.0 + np.abs(X[0]) + np.abs(X[1]) + np.abs(X[2]))
+    return [c for c, good in zip(cols, ok.all(axis=0)) if not good]
+
+
+def imputation_spec(design) -> ImputationSpec:
+    """The imputation variables of a ``missing="impute"`` design (see :class:`ImputationSpec`);
+    raises :class:`~vbsvm.exceptions.InputError` if the design cannot be imputed coherently.
+
+    * a predictor with missing values may enter the design through one column of any
+      transformation (imputed on that column's scale), or through any number of columns that are
+      linear in it (``x * z``, ``x:C(g)``, ``center(x):z``: imputed on its own scale, each column
+      an exact linear function of the imputation); a predictor with missing values that enters
+      nonlinearly together with other columns (``x + I(x**2)``, ``poly(x, 2)``, ``np.log(x):z``)
+      is refused, naming the columns;
     * NaN in a design column where every raw variable is observed comes from the transformation
       (e.g. ``np.log`` of a negative number), not from missing data.
     """
+    from ..design import _categorical_calls
+
     mask = np.asarray(design.missing_mask, dtype=bool)
     names = list(design.column_names)
     raw = design.raw
+    col_vars = _column_variables(design)
     predictors = [c for c in raw.columns if c != design.response and c not in {g.name for g in design.groups}]
-    incomplete = [v for v in predictors if raw[v].isna().any()]
-    explained = np.zeros(mask.shape, dtype=bool)
-    if incomplete:
-        # Which design columns does each incomplete variable feed? Probe the formula with one row
-        # per variable: every predictor at an observed value, that variable missing.
-        complete = np.flatnonzero(~mask.any(axis=1))
-        probe = raw[predictors].iloc[[complete[0] if complete.size else 0] * len(incomplete)].copy()
-        probe = probe.reset_index(drop=True)
-        if not complete.size:
-            for c in predictors:
-                probe[c] = raw[c].dropna().iloc[0]
-        for k, v in enumerate(incomplete):
-            probe.loc[k, v] = np.nan
-        with np.errstate(all="ignore"):
-            depends = np.isnan(design.new_X(probe, allow_missing=True, standardized=False))
-    for k, v in enumerate(incomplete):
-        na = raw[v].isna().to_numpy()
-        cols = np.flatnonzero(depends[k])
-        explained[np.ix_(na, cols)] = True
-        if cols.size > 1:
+    categorical = set(_categorical_calls(design.formula))
+    numeric = [v for v in predictors if v not in categorical and pd.api.types.is_numeric_dtype(raw[v])
+               and not pd.api.types.is_bool_dtype(raw[v])]
+    probe_rows = raw.iloc[np.unique(np.linspace(0, len(raw) - 1, min(len(raw), 50)).astype(np.int64))]
+    probe_rows = probe_rows.fillna({v: raw[v].mean() for v in numeric if raw[v].isna().any()})
+    probe, interacted, nonlinear = {}, {}, {}
+    for v in numeric:
+        cols = [j for j in range(len(names)) if v in col_vars[j]]
+        if not cols or (len(cols) == 1 and col_vars[cols[0]] == {v}):
+            continue  # absent, or one column of v alone: imputed on that column's scale
+        obs = raw[v].dropna().to_numpy(dtype=float)
+        m = float(obs.mean()) if obs.size else 0.0
+        s = float(obs.std(ddof=1)) if obs.size > 1 else 1.0
+        s = s if np.isfinite(s) and s > 0 else 1.0
+        bad = _nonlinear_columns(design, probe_rows, v, cols, m, s)
+        if not bad:
+            interacted[v] = cols
+            probe[v] = (m, s)
+        elif raw[v].isna().any():
             raise InputError(
-                f"predictor {v!r} has {int(na.sum())} missing value(s) and enters the design through "
-                f"{cols.size} columns {[names[j] for j in cols]}; the imputation model treats each design "
-                f"column as one Gaussian variable, so a predictor with missing values must enter the "
-                f"formula through exactly one numeric term. Keep one term of {v!r} (or impute {v!r} "
-                "before fitting, or use missing='drop')."
+                f"predictor {v!r} has {int(raw[v].isna().sum())} missing value(s) and enters the design through "
+                f"{len(cols)} columns {[names[j] for j in cols]}, of which {[names[j] for j in bad]} "
+                f"{'is' if len(bad) == 1 else 'are'} not linear in {v!r}. An imputed predictor may enter the formula "
+                f"through one term of any transformation (e.g. np.log({v})), or through any number of terms linear "
+                f"in it, alone or multiplied by observed predictors ({v}, {v}:z, {v} * C(g)). Remove the term(s) of "
+                f"{[names[j] for j in bad]} (or impute {v!r} before fitting, or use missing='drop')."
             )
+        else:
+            nonlinear[v] = [names[j] for j in bad]
+    explained = np.zeros(mask.shape, dtype=bool)
+    for v in predictors:
+        na = raw[v].isna().to_numpy()
+        if na.any():
+            explained[np.ix_(na, [j for j in range(len(names)) if v in col_vars[j]])] = True
     unexplained = mask & ~explained
     if unexplained.any():
         bad = [names[j] for j in np.flatnonzero(unexplained.any(axis=0))]
@@ -796,6 +1111,21 @@ def check_imputable(design):
             "are observed: the transformation is undefined there (e.g. np.log of a value <= 0). Fix the "
             "transformation (e.g. np.log(x + 1)) or filter those rows; only truly missing values are imputed."
         )
+    out = {"names": [], "columns": [], "variables": [], "center": [], "scale": [], "linear_columns": {}}
+    for j in np.flatnonzero(design.penalized):
+        inter = [v for v in interacted if v in col_vars[j]]
+        if not inter:
+            for key, value in zip(("names", "columns", "variables", "center", "scale"),
+                                  (names[j], j, None, design.center[j], design.scale[j])):
+                out[key].append(value)
+        for v in inter:
+            if v in out["variables"]:
+                continue
+            out["linear_columns"][len(out["names"])] = np.asarray(interacted[v], dtype=np.int64)
+            m, s = probe[v] if design.standardize else (0.0, 1.0)
+            for key, value in zip(("names", "columns", "variables", "center", "scale"), (v, -1, v, m, s)):
+                out[key].append(value)
+    return ImputationSpec(nonlinear=nonlinear, probe=probe, **out)
 
 
 def _hyperparameters(settings, d):
@@ -856,26 +1186,32 @@ def fit_imputed(design, settings):
     if method not in ("vb", "gibbs"):
         raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
                          "method='gibbs' (or missing='drop' for the posterior mode).")
-    check_imputable(design)
-    imp = imputation_columns(design)
-    sigma2_mu, Psi, nu = _hyperparameters(settings, imp.size)
+    spec = imputation_spec(design)
+    sigma2_mu, Psi, nu = _hyperparameters(settings, spec.d)
     fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
     groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
     imputation = settings.get("imputation", "conditional")
     if imputation not in ("conditional", "joint"):
         raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
     cut = imputation == "conditional"
+    if not cut and (spec.columns < 0).any():
+        inter = [v for v in spec.variables if v is not None]
+        raise InputError(
+            f"imputation='joint' does not support predictors in interactions ({inter}): its hinge feeds back into "
+            "the imputations through row-specific coefficients, which the paper's model does not cover. Use "
+            "imputation='conditional' (the default), or remove the interaction terms of these predictors.")
+    completion = spec.completion(design, design.raw, design.X)
     cls = CutImputedSVMModel if cut else ImputedSVMModel
-    model = cls(design.X, design.y, groups, fixed_precision, imp, A=settings["A_u"],
-                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu)
+    model = cls(design.X, design.y, groups, fixed_precision, spec.columns, A=settings["A_u"],
+                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion)
     lin = model.linear
     from ..results import ThetaLayout
 
     layout = ThetaLayout.from_model(lin, design)
     M = design.to_original(lin.qd)
-    center, scale = design.center[imp], design.scale[imp]
+    center, scale = spec.center, spec.scale
     cc = model.cell_cols
-    names = [design.column_names[j] for j in imp]
+    names = list(spec.names)
     info = {
         "model": "Bayesian linear SVM with imputed missing predictors"
                  + (" and random intercepts" if design.groups else ""),
