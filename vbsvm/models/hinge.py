@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..distributions import InverseGaussian
+from ..distributions import GIG, InverseGaussian
 
-__all__ = ["CHI_FLOOR", "update_chi", "expected_inverse", "elbo", "sample_inverse", "working_response"]
+__all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response"]
 
 #: chi is clipped below at this value so that E[1/a] = chi^(-1/2) stays finite when a point sits
 #: exactly on the margin (1 - y f = 0 and no posterior variance, e.g. in MAP/EM iterations).
@@ -51,16 +51,27 @@ def update_chi(y, mean_f, var_f):
     return np.maximum((1.0 - y * mean_f) ** 2 + var_f, CHI_FLOOR)
 
 
+def q_weights(chi) -> GIG:
+    """The optimal mean-field factor ``q(a_i) = GIG(1/2, 1, chi_i)``."""
+    return GIG(0.5, 1.0, chi)
+
+
 def expected_inverse(chi):
     """``E_q[1/a_i] = chi_i^(-1/2)`` for q(a_i) = GIG(1/2, 1, chi_i)."""
-    return 1.0 / np.sqrt(chi)
+    return q_weights(chi).mean_inv()
 
 
 def elbo(y, mean_f, var_f, chi):
-    """Sum over i of E_q[log p(y_i, a_i | f_i)] + H[q(a_i)] (see module docstring)."""
+    """Sum over i of E_q[log p(y_i, a_i | f_i)] + H[q(a_i)] (see module docstring).
+
+    With ``log q(a) = -log a / 2 - (a + chi / a) / 2 - log Z(chi)`` the terms in ``log a`` and ``a``
+    cancel against those of ``log p(y, a | f)``, leaving
+    ``-log(2 pi) / 2 - (1 - y m) + (chi - T) E_q[1/a] / 2 + log Z(chi)``: no ``E[log a]`` (an
+    exponential integral) is needed."""
+    q = q_weights(chi)
     target = (1.0 - y * mean_f) ** 2 + var_f
-    root = np.sqrt(chi)
-    return float(np.sum(-(1.0 - y * mean_f) - 0.5 * (target / root + root)))
+    return float(np.sum(-0.5 * np.log(2.0 * np.pi) - (1.0 - y * mean_f) + 0.5 * (chi - target) * q.mean_inv()
+                        + q.log_normalizer()))
 
 
 def sample_inverse(y, f, rng):
