@@ -1,38 +1,62 @@
-"""Variable selection for spam filtering with the Laplace-zero prior (Luts & Ormerod 2014, §4.4).
+# %% [markdown]
+# # Variable selection for spam with the Laplace-zero prior (Luts & Ormerod 2014, Section 4.4)
+#
+# **The question.** Which of 57 features of an e-mail tell spam from ordinary mail? The spam data
+# (Hewlett-Packard Labs, 4601 e-mails, 1813 of them spam) have 54 word and character frequencies
+# (`free`, `remove`, `char_dollar`, ...) and 3 run lengths of capital letters. Luts & Ormerod use
+# them to show Bayesian variable selection inside an SVM, fitted by VB (their Algorithm 3) and
+# checked against MCMC (Appendix B).
+#
+# **The model.** `type ~ .` (every other column a predictor, all standardized), hinge
+# pseudo-likelihood, and on each coefficient the **Laplace-zero** prior: `beta_k = gamma_k v_k`
+# with `gamma_k ~ Bernoulli(rho)` (is the term in the model?) and `v_k ~ Laplace(0, sigma_u)`,
+# `sigma_u^2 ~ IG(0.01, 0.01)`, and the paper's `rho = 0.01` (a strong prior preference for small
+# models). The output of interest is each term's posterior inclusion probability
+# `P(gamma_k = 1 | y)`; the median probability model keeps the terms above 1/2.
+#
+# Run as a script: `python vignettes/spam_selection.py` (Gibbs 4 chains x (5000 + 5000), a few
+# minutes on 2 cores), `--draws 1000 --tune 1000` for a quicker look, `--quick` for the test suite.
+# It writes `figures/spam_inclusion.png`, `figures/spam_elbo.png` and the 57 inclusion
+# probabilities `results/spam_inclusion.csv` under `--out-dir` (default `vignettes/`; `_quick`
+# appended in quick mode).
 
-Runnable vignette. It fits the Bayesian SVM with the Laplace-zero prior (``rho = 0.01``, the
-paper's setting) to the 4601 e-mails of the spam data by variational Bayes (Algorithm 3) and by
-Gibbs sampling (Appendix B; 4 chains x (5000 tune + 5000 draws)), and writes
-
-* ``vignettes/figures/spam_inclusion.png`` — inclusion probabilities, VB above, Gibbs below,
-  bars shaded by the probability of a positive association with spam (the paper's Figure 3);
-* ``vignettes/figures/spam_elbo.png`` — the ELBO trace of the VB fit;
-* ``vignettes/spam_inclusion.csv`` — the 57 inclusion probabilities, VB vs Gibbs;
-* ``vignettes/spam_selection.md`` — this vignette's text with the table and the numbers of the run.
-
-Run from the repository root: ``PYTHONPATH=. python vignettes/spam_selection.py`` (about 2-5
-minutes on 2 cores, almost all of it Gibbs). ``--draws 1000 --tune 1000`` for a quicker look.
-"""
-
-from __future__ import annotations
-
+# %%
 import argparse
 import os
+import sys
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
+HERE = Path.cwd() if "__file__" not in globals() else Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import vbsvm
-from vbsvm.plots import plot_elbo, plot_inclusion_comparison
-from vbsvm.priors import LaplaceZero
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import xarray as xr  # noqa: E402
+from arviz_stats import ess  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-FIG = HERE / "figures"
+import vbsvm  # noqa: E402
+from _vignette import (  # noqa: E402
+    add_common_arguments, markdown_table, output_dirs, parse_args, show_figure, show_markdown,
+)
+from vbsvm.plots import plot_elbo, plot_inclusion_comparison  # noqa: E402
 
-# The paper (§4.4): "The 24 variables that are almost certainly selected by MCMC match with the
+parser = argparse.ArgumentParser(description="Variable selection for spam with the Laplace-zero prior.")
+add_common_arguments(parser, quick_help="Gibbs 2 chains x (100 + 100) (seconds)")
+parser.add_argument("--draws", type=int, default=None, help="Gibbs draws per chain (default 5000; quick 100)")
+parser.add_argument("--tune", type=int, default=None, help="Gibbs tuning sweeps per chain (default 5000; quick 100)")
+parser.add_argument("--chains", type=int, default=None, help="Gibbs chains (default 4; quick 2)")
+parser.add_argument("--seed", type=int, default=1)
+args = parse_args(parser)
+draws = args.draws or (100 if args.quick else 5000)
+tune = args.tune or (100 if args.quick else 5000)
+chains = args.chains or (2 if args.quick else 4)
+FIGURES, RESULTS = output_dirs(args.out_dir)
+SUFFIX = "_quick" if args.quick else ""
+print(f"Gibbs: {chains} chains x ({tune} tuning + {draws} kept) sweeps, seed {args.seed}")
+
+# The paper (Section 4.4): "The 24 variables that are almost certainly selected by MCMC match with the
 # selected ones for VB, except for the variable cs. Variables that are selected by VB correspond
 # to MCMC selected ones, although hpl and font have slightly lower probabilities for MCMC. The two
 # VB selected variables with smallest inclusion probabilities, i.e., email and table also have
@@ -43,148 +67,130 @@ PAPER = ("The 24 variables that are almost certainly selected by MCMC match with
          "have lower MCMC inclusion probabilities. (VB: 76 minutes; MCMC 50k + 50k: over 10 hours.)")
 
 
-def md_table(df: pd.DataFrame) -> str:
-    cols = [df.index.name or ""] + list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for idx, row in df.iterrows():
-        cells = [f"`{idx}`"] + [(f"{v:.3f}" if isinstance(v, (float, np.floating)) and np.isfinite(v) else
-                                 ("" if isinstance(v, (float, np.floating)) else str(v))) for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
+# %% [markdown]
+# ## The data
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--draws", type=int, default=5000)
-    ap.add_argument("--tune", type=int, default=5000)
-    args = ap.parse_args()
-    spam = vbsvm.datasets.load("spam")
-    prior = LaplaceZero(rho=0.01)
-
-    t0, c0 = time.perf_counter(), time.process_time()
-    vb = vbsvm.svm("type ~ .", spam, prior=prior, seed=1)
-    t_vb, c_vb = time.perf_counter() - t0, time.process_time() - c0
-    t0 = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        gibbs = vbsvm.svm("type ~ .", spam, prior=prior, method="gibbs", draws=args.draws, tune=args.tune,
-                          chains=4, seed=1, progress=False, n_jobs=2)
-    t_gibbs = time.perf_counter() - t0
-    print(vb.summary().as_text())
-
-    # ---- figure (like the paper's Figure 3), bars in the order of the VB probabilities
-    inc_vb, inc_gb = vb.inclusion(), gibbs.inclusion()
-    order = list(pd.DataFrame({"vb": inc_vb["p_include"], "gb": inc_gb["p_include"]})
-                 .sort_values(["vb", "gb"], ascending=False).index)
-    FIG.mkdir(exist_ok=True)
-    fig = plot_inclusion_comparison([inc_vb, inc_gb],
-                                    labels=[f"(a) VB (Algorithm 3), {t_vb:.1f} s",
-                                            f"(b) Gibbs (Appendix B), 4 x ({args.tune} + {args.draws}), {t_gibbs:.0f} s"],
-                                    order=order)
-    fig.savefig(FIG / "spam_inclusion.png", dpi=130)
-    plot_elbo(vb).savefig(FIG / "spam_elbo.png", dpi=110)
-
-    # ---- the 57 inclusion probabilities, VB vs Gibbs
-    from arviz_stats import ess
-    import xarray as xr
-
-    g = gibbs.gamma_draws().astype(float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        e = ess(xr.Dataset({"g": (("chain", "draw", "k"), g)}), method="bulk")["g"].values
-    e[g.reshape(-1, g.shape[-1]).std(0) == 0] = np.nan
-    ess_s = pd.Series(e, index=gibbs.selectable)
-    table = pd.DataFrame({
-        "p_include_vb": inc_vb["p_include"], "p_include_gibbs": inc_gb["p_include"],
-        "p_positive_if_included_vb": inc_vb["p_positive_if_included"],
-        "p_positive_if_included_gibbs": inc_gb["p_positive_if_included"],
-        "mean_if_included_vb": inc_vb["mean_if_included"], "mean_if_included_gibbs": inc_gb["mean_if_included"],
-        "ess_gamma_gibbs": ess_s,
-    }).loc[order]
-    table.index.name = "term"
-    table.to_csv(HERE / "spam_inclusion.csv", float_format="%.6g")
-
-    sel_vb = set(table.index[table["p_include_vb"] > 0.5])
-    sel_gb = set(table.index[table["p_include_gibbs"] > 0.5])
-    sure_gb = set(table.index[table["p_include_gibbs"] > 0.99])
-    vb_only, gb_only = sorted(sel_vb - sel_gb), sorted(sel_gb - sel_vb)
-    sure_not_vb = sorted(sure_gb - sel_vb)
-    moving = table["ess_gamma_gibbs"].notna()
-    low_ess = table.index[moving & (table["ess_gamma_gibbs"] < 100)].tolist()
-    warn_text = sorted({str(w.message).split(";")[0][:160] for w in caught})
-
-    extreme = float(np.mean((table["p_include_vb"] < 0.01) | (table["p_include_vb"] > 0.99)))
-    extreme_g = float(np.mean((table["p_include_gibbs"] < 0.01) | (table["p_include_gibbs"] > 0.99)))
-    agreement = (f"VB's probabilities are more extreme than Gibbs's ({100 * extreme:.0f}% vs {100 * extreme_g:.0f}% of "
-                 "the terms below 0.01 or above 0.99), as in the paper. "
-                 + (f"Of the {len(sure_gb)} variables Gibbs selects almost surely, VB selects all but "
-                    f"{', '.join(f'`{v}`' for v in sure_not_vb)}"
-                    + (" — the paper's exception, `cs`, is reproduced." if sure_not_vb == ["cs"] else ".")
-                    if sure_not_vb else f"VB selects all {len(sure_gb)} variables that Gibbs selects almost surely."))
-    short = table[["p_include_vb", "p_include_gibbs", "p_positive_if_included_vb",
-                   "p_positive_if_included_gibbs", "ess_gamma_gibbs"]]
-    md = f"""# Variable selection for spam with the Laplace-zero prior
-
-*Generated by `vignettes/spam_selection.py` — rerun it to refresh every number below.*
-
-The spam data (Hewlett-Packard Labs, 4601 e-mails, 57 predictors: 54 word and character
-frequencies and 3 capital-letter run lengths) are the example of Luts & Ormerod (2014, §4.4).
-Every predictor is standardized; each coefficient gets the Laplace-zero prior: it is exactly zero
-with probability 1 - rho and otherwise Laplace(0, sigma_u), with sigma_u^2 ~ IG(0.01, 0.01) and
-the paper's rho = 0.01.
-
-```python
-import vbsvm
+# %%
 spam = vbsvm.datasets.load("spam")
-prior = vbsvm.LaplaceZero(rho=0.01)
-vb = vbsvm.svm("type ~ .", spam, prior=prior)                                 # Algorithm 3
-gibbs = vbsvm.svm("type ~ .", spam, prior=prior, method="gibbs",
-                  draws={args.draws}, tune={args.tune}, chains=4, seed=1, n_jobs=2)  # Appendix B
-vb.inclusion()          # p_include, p_positive, mean/sd of u = gamma * v, median_model
-vb.plot_inclusion()     # the paper's Figure 3
-```
+print(f"{len(spam)} e-mails, {spam.shape[1] - 1} predictors; type: {spam['type'].value_counts().to_dict()}")
+print(spam[["make", "free", "remove", "hp", "char_dollar", "char_exclamation", "capital_ave", "type"]]
+      .head().to_string(index=False))
 
+# %% [markdown]
+# ## Fits
+#
+# The prior is an object, `vbsvm.LaplaceZero(rho=0.01)`, passed as `prior=`. The VB fit is the
+# paper's Algorithm 3 (mean field; started with every term in); the Gibbs fit runs `chains`
+# chains in 2 processes.
+
+# %%
+prior = vbsvm.LaplaceZero(rho=0.01)
+t0, c0 = time.perf_counter(), time.process_time()
+vb = vbsvm.svm("type ~ .", spam, prior=prior, seed=args.seed)
+t_vb, c_vb = time.perf_counter() - t0, time.process_time() - c0
+t0 = time.perf_counter()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    gibbs = vbsvm.svm("type ~ .", spam, prior=prior, method="gibbs", draws=draws, tune=tune,
+                      chains=chains, seed=args.seed, progress=False, n_jobs=2)
+t_gibbs = time.perf_counter() - t0
+print(f"VB: {t_vb:.2f} s wall, {c_vb:.2f} s CPU, {vb.info['n_sweeps']} sweeps; "
+      f"Gibbs: {t_gibbs:.0f} s wall; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+print(vb.summary())
+
+# %% [markdown]
+# The summary lists, for each term, the mean and sd of `beta_k = gamma_k v_k` (zero when the term
+# is out) and its inclusion probability. `plot_elbo` shows the VB objective over the iterations:
+# it must rise and level off.
+
+# %%
+show_figure(plot_elbo(vb), FIGURES / f"spam_elbo{SUFFIX}.png", dpi=110)
+
+# %% [markdown]
+# ## Inclusion probabilities, VB against Gibbs (the paper's Figure 3)
+#
+# Bars are `P(gamma_k = 1 | y)`, sorted by the VB probabilities; the shading is the probability
+# that the coefficient is positive given that the term is in (dark: more spam), the paper's
+# `P(v_k > 0 | y)`.
+
+# %%
+inc_vb, inc_gb = vb.inclusion(), gibbs.inclusion()
+order = list(pd.DataFrame({"vb": inc_vb["p_include"], "gb": inc_gb["p_include"]})
+             .sort_values(["vb", "gb"], ascending=False).index)
+fig = plot_inclusion_comparison([inc_vb, inc_gb], order=order,
+                                labels=[f"(a) VB (Algorithm 3), {t_vb:.1f} s",
+                                        f"(b) Gibbs (Appendix B), {chains} x ({tune} + {draws}), {t_gibbs:.0f} s"])
+show_figure(fig, FIGURES / f"spam_inclusion{SUFFIX}.png", dpi=130)
+
+# %% [markdown]
+# How well has the sampler explored the indicators? The bulk effective sample size of each
+# `gamma_k` (left empty when an indicator never moved) tells which Gibbs probabilities to trust.
+
+# %%
+g = gibbs.gamma_draws().astype(float)
+with np.errstate(invalid="ignore", divide="ignore"):
+    e = ess(xr.Dataset({"g": (("chain", "draw", "k"), g)}), method="bulk")["g"].values
+e[g.reshape(-1, g.shape[-1]).std(0) == 0] = np.nan
+table = pd.DataFrame({
+    "p_include_vb": inc_vb["p_include"], "p_include_gibbs": inc_gb["p_include"],
+    "p_positive_if_included_vb": inc_vb["p_positive_if_included"],
+    "p_positive_if_included_gibbs": inc_gb["p_positive_if_included"],
+    "mean_if_included_vb": inc_vb["mean_if_included"], "mean_if_included_gibbs": inc_gb["mean_if_included"],
+    "ess_gamma_gibbs": pd.Series(e, index=gibbs.selectable),
+}).loc[order]
+table.index.name = "term"
+table.to_csv(RESULTS / f"spam_inclusion{SUFFIX}.csv", float_format="%.6g")
+
+sel_vb = set(table.index[table["p_include_vb"] > 0.5])
+sel_gb = set(table.index[table["p_include_gibbs"] > 0.5])
+sure_gb = set(table.index[table["p_include_gibbs"] > 0.99])
+vb_only, gb_only = sorted(sel_vb - sel_gb), sorted(sel_gb - sel_vb)
+sure_not_vb = sorted(sure_gb - sel_vb)
+low_ess = table.index[table["ess_gamma_gibbs"].notna() & (table["ess_gamma_gibbs"] < 100)].tolist()
+warn_text = sorted({str(w.message).split(";")[0][:160] for w in caught})
+extreme = float(np.mean((table["p_include_vb"] < 0.01) | (table["p_include_vb"] > 0.99)))
+extreme_g = float(np.mean((table["p_include_gibbs"] < 0.01) | (table["p_include_gibbs"] > 0.99)))
+
+
+def code_list(names):
+    """Names as a comma-separated list of code spans ("none" when empty)."""
+    return ", ".join(f"`{v}`" for v in names) or "none"
+
+
+show_markdown(f"""
 | | VB | Gibbs |
 |---|---|---|
-| time (this run, 2 cores shared with other jobs; load average {os.getloadavg()[0]:.1f}) | {t_vb:.2f} s wall, {c_vb:.2f} s CPU ({vb.info['n_sweeps']} sweeps) | {t_gibbs:.0f} s (4 x ({args.tune} + {args.draws}), 2 processes) |
+| time (this run) | {t_vb:.2f} s wall ({vb.info['n_sweeps']} sweeps) | {t_gibbs:.0f} s ({chains} x ({tune} + {draws}), 2 processes) |
 | time in the paper | 76 min | > 10 h (50k + 50k, one chain) |
 | terms with p_include > 0.5 (median probability model) | {len(sel_vb)} | {len(sel_gb)} |
 
-![Inclusion probabilities](figures/spam_inclusion.png)
-
-Bars are P(gamma_k = 1 | y), sorted by the VB probabilities; the shading is the probability that
-the coefficient is positive given that the term is in (dark: more spam), the paper's P(v_k > 0 | y).
-
-## VB versus Gibbs
-
-* Gibbs selects almost surely (p > 0.99): {len(sure_gb)} variables. Of these, VB does not select:
-  {', '.join(f'`{v}`' for v in sure_not_vb) or 'none'}.
-* VB selects (p > 0.5), Gibbs does not: {', '.join(f'`{v}`' for v in vb_only) or 'none'}.
-* Gibbs selects (p > 0.5), VB does not: {', '.join(f'`{v}`' for v in gb_only) or 'none'}.
+* Gibbs selects almost surely (p > 0.99): {len(sure_gb)} variables. Of these, VB does not select: {code_list(sure_not_vb)}.
+* VB selects (p > 0.5), Gibbs does not: {code_list(vb_only)}.
+* Gibbs selects (p > 0.5), VB does not: {code_list(gb_only)}.
+* Terms whose indicator has a Gibbs bulk ESS below 100 (out of {chains * draws} draws): {code_list(low_ess)}.
+* Share of terms with probabilities below 0.01 or above 0.99: VB {100 * extreme:.0f}%, Gibbs {100 * extreme_g:.0f}%.
+* Final ELBO of the VB fit: {vb.elbo[-1]:.3f}. Sampler warnings: {'; '.join(warn_text) or 'none'}.
 
 The paper: "{PAPER}"
+""")
 
-{agreement}
-Where the two differ the Gibbs sampler is itself uncertain: single-site updates of the indicators
-of correlated predictors move slowly. Bulk ESS below 100 (out of {4 * args.draws} draws) for:
-{', '.join(f'`{v}`' for v in low_ess) or 'none'}. Treat those Gibbs probabilities as rough: longer
-chains (the paper used 50k + 50k) or several seeds are needed to pin them down. The sampler's
-warnings in this run: {'; '.join(warn_text) or 'none'}.
+# %% [markdown]
+# ## What the numbers mean
+#
+# VB's inclusion probabilities are more extreme than Gibbs's (the share of terms below 0.01 or
+# above 0.99 above): mean-field VB treats the indicators as independent and is overconfident about
+# each one, as the paper also observes. Where the two disagree the Gibbs sampler is itself unsure:
+# single-site updates of the indicators of correlated predictors move slowly, and the terms with
+# a low ESS are the ones whose Gibbs probabilities are rough. Longer chains (the paper used 50k +
+# 50k) or several seeds pin them down. VB converges to a local optimum of the ELBO that depends
+# on its start (every term in).
+#
+# ## The 57 inclusion probabilities
+#
+# Sorted by the VB probability; also written to `results/spam_inclusion.csv` with the
+# conditional means.
 
-VB converges to a local optimum of the ELBO that depends on the start (here: every term in).
-Its ELBO: {vb.elbo[-1]:.3f}.
-
-## The 57 inclusion probabilities
-
-Also in `vignettes/spam_inclusion.csv` (with the conditional means).
-
-{md_table(short)}
-"""
-    (HERE / "spam_selection.md").write_text(md)
-    print(f"VB {t_vb:.2f} s, Gibbs {t_gibbs:.1f} s")
-    print(f"Gibbs p>0.99: {len(sure_gb)}; not selected by VB: {sure_not_vb}")
-    print(f"VB only: {vb_only}; Gibbs only: {gb_only}")
-    print(f"wrote {FIG / 'spam_inclusion.png'}, {HERE / 'spam_inclusion.csv'}, {HERE / 'spam_selection.md'}")
-
-
-if __name__ == "__main__":
-    main()
+# %%
+show_markdown(markdown_table(table[["p_include_vb", "p_include_gibbs", "p_positive_if_included_vb",
+                                    "p_positive_if_included_gibbs", "ess_gamma_gibbs"]], digits=3))
