@@ -21,8 +21,9 @@
 # severe* when `f_ij > 0`. The SVM's hinge loss enters as the pseudo-likelihood
 # `exp(-2 max(0, 1 - y_ij f_ij))` (with `y` coded -1/+1), which Polson & Scott (2011) write as a
 # mixture of normals, so the model can be fitted like a Bayesian GLMM. With `penalty=None` the
-# fixed effects get the vague prior `N(0, 1e8)` (the paper's choice); `sigma2_patient_id` gets an
-# inverse-Wishart prior (`nu = 3`, `Psi = 0.01`; for a single intercept an inverse gamma).
+# fixed effects get the vague prior `N(0, 1e8)` (the paper's choice); `sigma2_patient_id` gets the
+# inverse-gamma prior `IG(A_u, B_u) = IG(0.01, 0.01)` (a term with random slopes would get an
+# inverse-Wishart prior on its covariance).
 #
 # We fit it twice: by the default fast approximation (`method="vb"`) and by Gibbs sampling
 # (`method="gibbs"`, exact up to Monte Carlo error), and check that the two agree.
