@@ -25,6 +25,8 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from .exceptions import InputError
+from .imputed_fit import ImputedFit
 from .results import Fit, add_sparse_score
 
 __all__ = ["SelectionFit"]
@@ -312,3 +314,24 @@ def _mixture_quantile(g, m, s, probs):
         else:
             out.append(m + s * stats.norm.ppf((p - (1.0 - g)) / g))
     return out
+
+
+class ImputedSelectionFit(SelectionFit, ImputedFit):
+    """A Laplace-zero fit with ``missing="impute"`` (conditional imputation): the inclusion
+    table and selection summaries of :class:`SelectionFit` with the imputations, the imputation
+    model and the predictions for incomplete rows of :class:`~vbsvm.imputed_fit.ImputedFit`.
+    The label effect of the imputation model is ``label_effect`` in :meth:`to_arviz` (``gamma``
+    are the inclusion indicators). Saving to a file is not supported yet."""
+
+    _label_effect_key = "label_effect_draws"
+
+    def _predict_rows(self, newdata, kind, new_levels):
+        """:meth:`vbsvm.results.Fit.predict` with incomplete rows integrated over the imputation
+        model (:meth:`vbsvm.imputed_fit.ImputedFit._score_moments`); VB scores use the
+        moment-matched Gaussian of the effective coefficients."""
+        return ImputedFit._predict_rows(self, newdata, kind, new_levels)
+
+    def save(self, path):
+        """Not supported yet for this combination: raises :class:`~vbsvm.exceptions.InputError`."""
+        raise InputError("saving a LaplaceZero fit with missing='impute' is not supported yet; keep the fit in "
+                         "memory (or pickle it), or save the tables you need (fit.coef, fit.inclusion()).")
