@@ -169,6 +169,17 @@ def test_laplace_zero_with_slopes_fits_and_reports(lz_slope_fits):
         assert "cor_g[Intercept,x]" in str(fit.summary())
 
 
+def test_laplace_zero_with_slopes_vb_draws_keep_the_block_covariance(lz_slope_fits):
+    """The iid draws from q of a VB fit (to_arviz) have each level's intercept-slope covariance."""
+    vb = lz_slope_fits[0]
+    theta = vb._vb_draws()[0].reshape(-1, vb.layout.q)
+    nd = vb.layout.n_dense
+    B = vb.posterior["theta_cov_ss_blocks"]
+    draws = theta[:, nd:].reshape(theta.shape[0], *B.shape[:2])
+    emp = np.einsum("sli,slj->lij", draws - draws.mean(0), draws - draws.mean(0)) / (draws.shape[0] - 1)
+    np.testing.assert_allclose(emp, B, rtol=0.15, atol=0.05 * np.abs(B).max())
+
+
 def test_laplace_zero_with_slopes_vb_agrees_with_gibbs(lz_slope_fits):
     vb, gibbs = lz_slope_fits
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])

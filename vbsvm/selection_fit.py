@@ -219,9 +219,17 @@ class SelectionFit(Fit):
             ms = P["q_mean"][qd:]
             Sds = P["q_cov_ds"]
             K = np.linalg.solve(P["q_cov_dense"], Sds)  # regression of sparse on dense coordinates
-            cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
             zs = rng.standard_normal((chains, draws, ms.size))
-            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + zs * np.sqrt(np.maximum(cond_var, 0.0)))
+            if "theta_cov_ss_blocks" in P:  # random slopes: each level's q x q block given the dense part
+                B = np.asarray(P["theta_cov_ss_blocks"])
+                m, qs = B.shape[:2]
+                cond = B - np.einsum("dli,dlj->lij", Sds.reshape(qd, m, qs), K.reshape(qd, m, qs))
+                L = np.linalg.cholesky(cond + 1e-12 * np.eye(qs) * np.trace(cond, axis1=1, axis2=2)[:, None, None])
+                noise = np.einsum("lij,cdlj->cdli", L, zs.reshape(chains, draws, m, qs)).reshape(chains, draws, -1)
+            else:
+                cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
+                noise = zs * np.sqrt(np.maximum(cond_var, 0.0))
+            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + noise)
         theta = np.concatenate(parts, axis=-1)
         gamma = (rng.random((chains, draws, self.sel_index.size)) < P["q_gamma"]).astype(np.int8)
         theta[..., self.sel_index] *= gamma
