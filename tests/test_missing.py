@@ -707,17 +707,20 @@ def test_map_and_laplace_zero_are_refused(small):
     from vbsvm.priors import LaplaceZero
 
     design = build_design("y ~ x1 + x2 + x3", small, missing="impute")
-    settings = dict(method="vb", prior=LaplaceZero(rho=0.1))
-    with pytest.raises(InputError, match="LaplaceZero.*not supported"):
-        fit_imputed(design, settings)
+    settings = dict(method="vb", imputation="joint")
+    with pytest.raises(InputError, match="LaplaceZero.*imputation='conditional'"):
+        fit_imputed(design, settings, prior=LaplaceZero(rho=0.1))
 
 
-def test_laplace_zero_with_impute_raises_through_svm(small):
-    """svm() sends prior= to the selection model first; it refuses missing='impute' clearly."""
+def test_laplace_zero_with_impute_refusals_through_svm(small):
+    """svm() sends prior= to the selection model, which hands missing='impute' to the imputation
+    fit (tests/test_combinations.py); the joint model and rho='auto' are refused clearly."""
     from vbsvm.priors import LaplaceZero
 
-    with pytest.raises(InputError, match=r"missing='impute'.*LaplaceZero|LaplaceZero.*missing='impute'"):
-        vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", prior=LaplaceZero(rho=0.1))
+    with pytest.raises(InputError, match=r"LaplaceZero.*imputation='conditional'"):
+        vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", imputation="joint", prior=LaplaceZero(rho=0.1))
+    with pytest.raises(InputError, match=r"rho='auto'.*missing='impute'"):
+        vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", prior=LaplaceZero(rho="auto"))
 
 
 @pytest.mark.parametrize("key, value, match", [

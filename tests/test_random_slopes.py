@@ -213,10 +213,13 @@ def test_toenail_random_slopes_by_vb_and_gibbs():
     assert "ess_bulk" in str(gibbs.summary().tables[2])  # R-hat and ESS of the variance components
 
 
-def test_slopes_refused_with_selection_and_imputation():
+def test_slopes_refused_with_joint_imputation_and_bad_iw_prior():
+    """Slopes combine with LaplaceZero and conditional imputation (tests/test_combinations.py);
+    the joint imputation model and a misfitting IW prior are refused."""
     df = slope_frame(8, 6, seed=1)
-    with pytest.raises(InputError, match="random slopes"):
-        vbsvm.svm("y ~ x + z + (1 + x | g)", df, prior=vbsvm.LaplaceZero(rho=0.5))
+    df.loc[df.index[:3], "z"] = np.nan
+    with pytest.raises(InputError, match="random slopes.*imputation='joint'"):
+        vbsvm.svm("y ~ x + z + (1 + x | g)", df, missing="impute", imputation="joint")
     with pytest.raises(InputError, match="re_df"):
         vbsvm.svm("y ~ x + (1 + x | g)", df, re_df=0.5)
     with pytest.raises(InputError, match="re_scale"):

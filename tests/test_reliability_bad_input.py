@@ -152,7 +152,10 @@ CASES = {
     "keep_everything": lambda: (*svm_case(prior=_laplace(keep=["x", "z"])), InputError, r"keep", FIX),
     "prior_with_map": lambda: (*svm_case(prior=_laplace(), method="map"), InputError, r"map", FIX),
     "prior_with_fixed_penalty": lambda: (*svm_case(prior=_laplace(), penalty=0.5), InputError, r"penalty", FIX),
-    "prior_with_impute": lambda: (*svm_case(data=_nan_at("x"), prior=_laplace(), missing="impute"), InputError, r"impute", FIX),
+    "prior_auto_with_impute": lambda: (*svm_case(data=_nan_at("x"), prior=_laplace(rho="auto"), missing="impute"),
+                                       InputError, r"impute", FIX),
+    "prior_with_joint_impute": lambda: (*svm_case(data=_nan_at("x"), prior=_laplace(), missing="impute",
+                                                  imputation="joint"), InputError, r"imputation", FIX),
 }
 
 

@@ -16,7 +16,7 @@ from .inference.failures import numerical_failures
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
-from .models.linear import LinearSVMModel
+from .models.linear import LinearSVMModel, covariance_arrays
 from .results import Fit, ThetaLayout, fit_probit_calibration
 
 __all__ = ["svm", "load"]
@@ -87,10 +87,17 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         ``"auto"``: ``sigma2_u ~ IG(A_u, B_u)`` on the non-intercept fixed effects, so the penalty
         ``alpha = 1/(4 sigma2_u)`` is inferred; a float fixes ``alpha`` (cost ``C = 1/(2 alpha)``);
         ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect.
-    prior : None
-        Reserved for sparse priors (``vbsvm.LaplaceZero``).
+    prior : None or vbsvm.LaplaceZero
+        ``vbsvm.LaplaceZero(...)``: spike-and-slab Laplace selection of the fixed effects
+        (:mod:`vbsvm.models.selection`); combines with random intercepts and random slopes, and
+        with ``missing="impute"`` (conditional imputation, a numeric ``rho``): Gibbs draws the
+        imputations from their own posterior, then the selection sweep; VB pools Laplace-zero
+        fits over completions drawn from the imputation q.
     missing : {"drop", "raise", "impute"}
         Rows with missing predictors: dropped (reported in the summary), an error, or imputed.
+        ``"impute"`` combines with random intercepts and, with ``imputation="conditional"``, with
+        random slopes ``(1 + x | g)`` on observed predictors (a slope on a predictor with missing
+        values is refused).
     imputation : {"conditional", "joint"}
         Imputation model of ``missing="impute"`` (see :mod:`vbsvm.models.missing`).
         ``"conditional"`` (default): the incomplete predictors are modelled given the observed
@@ -194,10 +201,10 @@ def _check_re_prior(design, settings, prior):
             if S.shape != (g.q, g.q) or not np.allclose(S, S.T) or np.any(np.linalg.eigvalsh(S) <= 0):
                 raise InputError(f"re_scale must be a symmetric positive definite {g.q} x {g.q} matrix for the "
                                  f"term ({g.lhs} | {g.name}); got shape {S.shape}.")
-    if any(g.q > 1 or not g.is_intercept for g in design.groups) and (
-            settings["missing"] == "impute" or prior is not None):
-        raise InputError("random slopes are not yet supported together with LaplaceZero or missing='impute'; "
-                         "use random intercepts (1 | g) with those, or drop the slope term.")
+    if any(g.q > 1 or not g.is_intercept for g in design.groups) and settings["missing"] == "impute" \
+            and settings.get("imputation", "conditional") == "joint":
+        raise InputError("random slopes are not supported with imputation='joint' (the paper's model); use "
+                         "imputation='conditional' (the default), random intercepts (1 | g), or drop the slope term.")
 
 
 def _names(cols, k=8):
@@ -348,8 +355,7 @@ def _posterior_on_original_scale(model, settings, M, info):
         if model.m_sparse:
             posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
         if model.covariance_components:
-            posterior["cov_df"] = np.array([qc.df for qc in res.q["covariances"]])
-            posterior["cov_scale"] = np.concatenate([qc.scale.ravel() for qc in res.q["covariances"]])
+            posterior.update(covariance_arrays(res.q["covariances"]))
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     elif method == "gibbs":
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],

@@ -65,6 +65,10 @@ class ImputedFit(Fit):
     parameters in :meth:`to_arviz`, and predictions for rows with missing predictors.
     """
 
+    #: posterior key of the Gibbs draws of the label effect (conditional model); its name without
+    #: ``_draws`` is the variable of :meth:`to_arviz`
+    _label_effect_key = "gamma_draws"
+
     # ------------------------------------------------------------------ bookkeeping
     @cached_property
     def _spec(self):
@@ -163,7 +167,7 @@ class ImputedFit(Fit):
         if self.method == "vb":
             m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
             return 0.5 * (m[1] - m[0]), np.sqrt(np.diag(C[0] + C[1]) / 4.0)
-        g = np.asarray(P["gamma_draws"]).reshape(-1, np.shape(P["gamma_draws"])[-1])
+        g = np.asarray(P[self._label_effect_key]).reshape(-1, np.shape(P[self._label_effect_key])[-1])
         return g.mean(axis=0), g.std(axis=0, ddof=1) if g.shape[0] > 1 else np.full(g.shape[1], np.nan)
 
     def _imputation_parameter_summaries(self):
@@ -272,7 +276,7 @@ class ImputedFit(Fit):
         ``(m_+1 - m_-1) / 2`` from the VB ``q(m_-1) q(m_+1)``."""
         P = self.posterior
         if self.method == "gibbs":
-            return np.asarray(P["gamma_draws"])
+            return np.asarray(P[self._label_effect_key])
         rng = np.random.default_rng(np.random.SeedSequence(self.settings.get("draw_seed")).spawn(3)[2])
         m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
         return 0.5 * (m[1] - m[0] + rng.standard_normal((*shape, m.shape[1])) @ np.linalg.cholesky(C[0] + C[1]).T)
@@ -295,7 +299,8 @@ class ImputedFit(Fit):
             "Sigma": (("chain", "draw", "imp_col", "imp_col_bis"), Sigma),
         })
         if self.conditional:
-            ds = ds.assign({"gamma": (("chain", "draw", "imp_col"), self._gamma_draws(mu.shape[:2]))})
+            ds = ds.assign({self._label_effect_key.removesuffix("_draws"):
+                            (("chain", "draw", "imp_col"), self._gamma_draws(mu.shape[:2]))})
         return ds.assign_coords({
             "missing_cell": np.asarray(cell_labels, dtype=object),
             "missing_row": ("missing_cell", row_coord),
@@ -498,7 +503,7 @@ class ImputedFit(Fit):
         mu = np.asarray(self.posterior["mu_draws"]).reshape(S, -1)
         d = mu.shape[1]
         Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, d, d)
-        gamma = self.posterior.get("gamma_draws")
+        gamma = self.posterior.get(self._label_effect_key)
         comps = self._components(mu, None if gamma is None else np.asarray(gamma).reshape(S, d))
         n = dense.shape[0]
         Fm = np.empty((S, n))  # per-draw conditional mean of the score

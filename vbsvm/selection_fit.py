@@ -25,6 +25,8 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from .exceptions import InputError
+from .imputed_fit import ImputedFit
 from .results import Fit, add_sparse_score
 
 __all__ = ["SelectionFit"]
@@ -217,9 +219,17 @@ class SelectionFit(Fit):
             ms = P["q_mean"][qd:]
             Sds = P["q_cov_ds"]
             K = np.linalg.solve(P["q_cov_dense"], Sds)  # regression of sparse on dense coordinates
-            cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
             zs = rng.standard_normal((chains, draws, ms.size))
-            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + zs * np.sqrt(np.maximum(cond_var, 0.0)))
+            if "theta_cov_ss_blocks" in P:  # random slopes: each level's q x q block given the dense part
+                B = np.asarray(P["theta_cov_ss_blocks"])
+                m, qs = B.shape[:2]
+                cond = B - np.einsum("dli,dlj->lij", Sds.reshape(qd, m, qs), K.reshape(qd, m, qs))
+                L = np.linalg.cholesky(cond + 1e-12 * np.eye(qs) * np.trace(cond, axis1=1, axis2=2)[:, None, None])
+                noise = np.einsum("lij,cdlj->cdli", L, zs.reshape(chains, draws, m, qs)).reshape(chains, draws, -1)
+            else:
+                cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
+                noise = zs * np.sqrt(np.maximum(cond_var, 0.0))
+            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + noise)
         theta = np.concatenate(parts, axis=-1)
         gamma = (rng.random((chains, draws, self.sel_index.size)) < P["q_gamma"]).astype(np.int8)
         theta[..., self.sel_index] *= gamma
@@ -312,3 +322,24 @@ def _mixture_quantile(g, m, s, probs):
         else:
             out.append(m + s * stats.norm.ppf((p - (1.0 - g)) / g))
     return out
+
+
+class ImputedSelectionFit(SelectionFit, ImputedFit):
+    """A Laplace-zero fit with ``missing="impute"`` (conditional imputation): the inclusion
+    table and selection summaries of :class:`SelectionFit` with the imputations, the imputation
+    model and the predictions for incomplete rows of :class:`~vbsvm.imputed_fit.ImputedFit`.
+    The label effect of the imputation model is ``label_effect`` in :meth:`to_arviz` (``gamma``
+    are the inclusion indicators). Saving to a file is not supported yet."""
+
+    _label_effect_key = "label_effect_draws"
+
+    def _predict_rows(self, newdata, kind, new_levels):
+        """:meth:`vbsvm.results.Fit.predict` with incomplete rows integrated over the imputation
+        model (:meth:`vbsvm.imputed_fit.ImputedFit._score_moments`); VB scores use the
+        moment-matched Gaussian of the effective coefficients."""
+        return ImputedFit._predict_rows(self, newdata, kind, new_levels)
+
+    def save(self, path):
+        """Not supported yet for this combination: raises :class:`~vbsvm.exceptions.InputError`."""
+        raise InputError("saving a LaplaceZero fit with missing='impute' is not supported yet; keep the fit in "
+                         "memory (or pickle it), or save the tables you need (fit.coef, fit.inclusion()).")

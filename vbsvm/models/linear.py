@@ -60,7 +60,8 @@ from ..inference.independence import ProposalTuner, independence_steps
 from ..inference.slice import slice_sample, slice_sample_independent
 from . import hinge
 
-__all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision"]
+__all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision", "random_effect_terms",
+           "covariance_arrays"]
 
 LOG_2PI = np.log(2.0 * np.pi)
 
@@ -82,6 +83,19 @@ def fixed_effect_precision(design, penalty, sigma2_beta) -> np.ndarray:
     elif penalty is not None:
         precision[design.penalized] = 4.0 * penalty
     return precision
+
+
+def covariance_arrays(q_covs) -> dict:
+    """``cov_df`` and ``cov_scale`` (scales flattened and concatenated) of the IW factors
+    ``q(Sigma_k)``, as a VB fit stores them."""
+    return {"cov_df": np.array([qc.df for qc in q_covs]),
+            "cov_scale": np.concatenate([qc.scale.ravel() for qc in q_covs])}
+
+
+def random_effect_terms(design) -> list:
+    """The random-effect terms of a design as :class:`LinearSVMModel` takes them:
+    ``(codes, n_levels, name, Z)`` per term (``Z`` None for a random intercept)."""
+    return [(g.codes, g.n_levels, g.name, g.Z) for g in design.groups]
 
 
 @dataclass
@@ -602,7 +616,7 @@ class LinearSVMModel:
     @classmethod
     def from_design(cls, design, settings) -> "LinearSVMModel":
         """The model :func:`vbsvm.svm` builds from a :class:`~vbsvm.design.Design` and its settings."""
-        groups = [(g.codes, g.n_levels, g.name, g.Z) for g in design.groups]
+        groups = random_effect_terms(design)
         precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
         return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"],
                    re_df=settings.get("re_df"), re_scale=settings.get("re_scale"),
@@ -670,23 +684,43 @@ class LinearSVMModel:
                 for c, S in zip(self.covariance_components, scatters)]
 
     # ------------------------------------------------------------------ VB
+    def vb_covariances(self, post, mean):
+        """Expected scatters ``sum_l E_q[b_l b_l^T]`` of every covariance component under the
+        coefficient factor ``post`` (mean ``mean``) and their optimal factors
+        ``q(Sigma_k) = IW(scale + scatter, df + m_k)``; returns ``(scatters, q_covariances)``."""
+        scatters = [mean[c.index].T @ mean[c.index] + post.block_cov(c.index).sum(0)
+                    for c in self.covariance_components]
+        return scatters, self.covariance_posteriors(scatters)
+
     def vb_initial_state(self):
         """State vector of coordinate ascent: ``(log chi, log B_q, packed IW scales)``; starts at
         w = 1 and prior precisions E[tau] = 1, E[Sigma^{-1}] = I."""
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
-        iw = [_pack_spd((c.df + len(c.index)) * np.eye(c.index.shape[1])) for c in self.covariance_components]
-        return np.concatenate([np.zeros(self.n), np.log(self.A + sizes / 2.0), *iw])
+        return np.concatenate([np.zeros(self.n), np.log(self.A + sizes / 2.0), self.covariance_initial_state()])
+
+    def covariance_initial_state(self) -> np.ndarray:
+        """Packed scales of the starting ``q(Sigma_k) = IW((df + m) I, df + m)`` (E[Sigma^{-1}] = I)."""
+        return np.concatenate([np.zeros(0)] + [_pack_spd((c.df + len(c.index)) * np.eye(c.index.shape[1]))
+                                               for c in self.covariance_components])
+
+    def pack_covariances(self, q_covs) -> np.ndarray:
+        """The scales of the ``q(Sigma_k)`` as a state vector (log-Cholesky, safe to extrapolate)."""
+        return np.concatenate([np.zeros(0)] + [_pack_spd(qc.scale) for qc in q_covs])
+
+    def unpack_covariances(self, packed) -> list:
+        """Inverse of :meth:`pack_covariances`: the ``q(Sigma_k)``."""
+        covs, at = [], 0
+        for c in self.covariance_components:
+            q = c.index.shape[1]
+            size = q * (q + 1) // 2
+            covs.append(InverseWishart(_unpack_spd(packed[at:at + size], q), c.df + len(c.index)))
+            at += size
+        return covs
 
     def _unpack_state(self, state):
         n, k = self.n, len(self.variance_components)
         chi, Bq = np.exp(state[:n]), np.exp(state[n:n + k])
-        covs, at = [], n + k
-        for c in self.covariance_components:
-            q = c.index.shape[1]
-            size = q * (q + 1) // 2
-            covs.append(InverseWishart(_unpack_spd(state[at:at + size], q), c.df + len(c.index)))
-            at += size
-        return chi, Bq, covs
+        return chi, Bq, self.unpack_covariances(state[n + k:])
 
     def vb_sweep(self, state):
         """One pass of Algorithm 2 from ``state``; returns ``(new_state, q, elbo)``. Covariance
@@ -702,12 +736,10 @@ class LinearSVMModel:
         mf, vf = post.linear_predictor()
         chi_new = hinge.update_chi(self.y, mf, vf)
         q_var = self.variance_posterior(self.second_moments(mean, dcov))
-        scatters = [m_.T @ m_ + post.block_cov(c.index).sum(0)
-                    for c, m_ in ((c, mean[c.index]) for c in self.covariance_components)]
-        q_cov = self.covariance_posteriors(scatters)
+        scatters, q_cov = self.vb_covariances(post, mean)
         q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "chi": chi_new,
              "variances": q_var, "covariances": q_cov, "scatters": scatters, "mean_f": mf, "var_f": vf}
-        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b), *(_pack_spd(qc.scale) for qc in q_cov)])
+        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b), self.pack_covariances(q_cov)])
         return new_state, q, self.elbo(q)
 
     def elbo(self, q) -> float:
@@ -724,12 +756,18 @@ class LinearSVMModel:
         if self.variance_components:
             prior = InverseGamma(self.A, self.B)
             value += float(np.sum(prior.expected_logpdf(qv) + qv.entropy()))
-        for c, qc, S in zip(self.covariance_components, q.get("covariances", ()), q.get("scatters", ())):
+        return value + self.covariance_elbo(q.get("covariances", ()), q.get("scatters", ()))
+
+    def covariance_elbo(self, q_covs, scatters) -> float:
+        """ELBO terms of the random-effect covariances: ``E log N(b_l; 0, Sigma_k)`` summed over
+        the levels (``scatters`` the expected ``sum_l b_l b_l^T``), the IW prior and the entropy
+        of each ``q(Sigma_k)``."""
+        value = 0.0
+        for c, qc, S in zip(self.covariance_components, q_covs, scatters):
             m, k = c.index.shape
-            # E log N(b_l; 0, Sigma) summed over levels, then the IW prior and entropy
             value += -0.5 * m * k * LOG_2PI - 0.5 * m * qc.mean_logdet() - 0.5 * np.sum(qc.mean_inv() * S)
             value += InverseWishart(c.scale, c.df).expected_logpdf(qc) + qc.entropy()
-        return value
+        return float(value)
 
     # ------------------------------------------------------------------ Gibbs
     def gibbs_initial_state(self, rng):

@@ -14,6 +14,25 @@ Two imputation models (``vbsvm.svm(..., missing="impute", imputation=...)``):
   imputed column's coefficient (``benchmarks/imputation_simulation.py``); kept for the
   reproduction of the paper's Figure 4.
 
+**Random effects.** The SVM block is the linear model of :mod:`vbsvm.models.linear` given the
+completed design, random intercepts and slopes included: in the conditional model the imputation
+block does not involve them (``groups`` enter only the coefficient block ``C = [X, Z]``), so
+Gibbs adds the linear model's conjugate step
+:math:`\Sigma_k \mid \text{rest} \sim IW(\Psi + \sum_l b_{k,l}b_{k,l}^T, \nu + m_k)` after
+:math:`\theta \mid \text{rest}` (with :math:`\Sigma_k^{-1}` on each level's block of its
+precision), and VB the factor :math:`q(\Sigma_k) = IW(\Psi + \sum_l E_q[b_lb_l^T], \nu + m_k)` and
+its ELBO terms; the pooled VB averages the completions' :math:`q(\Sigma_k)` scales (common degrees
+of freedom). The slope columns must be observed (they are not imputation variables), and the
+joint model supports random intercepts only (its :math:`r_i` would involve the slopes).
+
+**Laplace-zero selection** (``prior=LaplaceZero(...)``, conditional model only). The SVM block
+given the completed design is :class:`~vbsvm.models.selection.LaplaceZeroModel` on the same
+linear model (:attr:`CutImputedSVMModel.svm`): Gibbs runs its Appendix B sweep after the
+imputation block; the pooled VB fits Algorithm 3 to each completion and averages the inclusion
+probabilities :math:`\mu_{\gamma_k}`, :math:`E[b_k]` and :math:`\chi_i`, with :math:`q(\theta)` and the
+variances pooled as above (an approximation of the mixture of spike-and-slab q's: each
+coefficient's slab is moment-matched over completions, not weighted by its inclusion).
+
 The paper's joint model
 -----------------------
 
@@ -158,7 +177,8 @@ from scipy.special import multigammaln
 from ..distributions import Gaussian, InverseWishart
 from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel, fixed_effect_precision
+from .linear import (CoefficientPosterior, LinearSVMModel, covariance_arrays, fixed_effect_precision,
+                     random_effect_terms)
 
 __all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "fit_imputed",
            "imputation_columns", "imputation_spec", "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
@@ -267,8 +287,9 @@ class ImputedSVMModel:
         Fixed-effect design with NaN in the missing entries (standardized).
     y : ndarray (n,)
         Labels in {-1, +1}.
-    groups : list of (codes, n_levels, name)
-        Random-intercept factors.
+    groups : list of (codes, n_levels, name) or (codes, n_levels, name, Z)
+        Random-effect terms, as in :class:`~vbsvm.models.linear.LinearSVMModel`; terms with
+        slopes (``Z`` with q > 1 observed columns) need the conditional model.
     fixed_precision : ndarray (p,)
         As in :class:`~vbsvm.models.linear.LinearSVMModel` (NaN = under the inferred penalty).
     imp_cols : sequence of int
@@ -286,10 +307,13 @@ class ImputedSVMModel:
         The imputation variables and the design entries of their missing cells (from
         :meth:`ImputationSpec.completion`; interactions need it). Default: every column
         ``imp_cols`` is an imputation variable (:meth:`Completion.direct`).
+    re_df, re_scale : float and (q, q) array, optional
+        Inverse-Wishart prior of the random-effect covariances (terms with slopes), as in
+        :class:`~vbsvm.models.linear.LinearSVMModel`.
     """
 
     def __init__(self, X, y, groups, fixed_precision, imp_cols, *, A=0.01, B=0.01,
-                 sigma2_mu=DEFAULT_SIGMA2_MU, Psi=None, nu=DEFAULT_NU, completion=None):
+                 sigma2_mu=DEFAULT_SIGMA2_MU, Psi=None, nu=DEFAULT_NU, completion=None, re_df=None, re_scale=None):
         X = np.asarray(X, dtype=float)
         n, p = X.shape
         self.n, self.p = n, p
@@ -311,8 +335,12 @@ class ImputedSVMModel:
         self.mask = comp.mask
         self.D0 = np.where(self.mask, 0.0, D)
         self._D = self.D0.copy()
-        self.linear = LinearSVMModel(np.where(np.isnan(X), 0.0, X), y, groups, fixed_precision, A=A, B=B)
+        self.linear = LinearSVMModel(np.where(np.isnan(X), 0.0, X), y, groups, fixed_precision, A=A, B=B,
+                                     re_df=re_df, re_scale=re_scale)
         lin = self.linear
+        if lin.covariance_components and type(self) is ImputedSVMModel:
+            raise InputError("the joint imputation model (imputation='joint') does not support random slopes "
+                             "(1 + x | g); use imputation='conditional' (the default), or random intercepts (1 | g).")
         #: flops of the largest product of a sweep, read by the engines' BLAS thread limit
         self.blas_work = lin.blas_work
         # the dense coordinates of theta that are not imputation columns (intercept, small factors)
@@ -698,8 +726,11 @@ class CutImputedSVMModel(ImputedSVMModel):
         super().__init__(*args, **kwargs)
         self.cls = (self.y > 0).astype(np.int64)
         self.n_class = np.bincount(self.cls, minlength=2)
-        self.state_size = self.n + len(self.linear.variance_components)
+        self.state_size = self.linear.vb_initial_state().size
         self.imputation_q = None
+        #: the SVM block given the completed design: the linear model, or a model built on it
+        #: (:class:`~vbsvm.models.selection.LaplaceZeroModel` with ``base=self.linear``)
+        self.svm = self.linear
 
     # ------------------------------------------------------------------ imputation block
     def class_means_conditional(self, D, Lam) -> list:
@@ -763,15 +794,16 @@ class CutImputedSVMModel(ImputedSVMModel):
 
     # ------------------------------------------------------------------ VB
     def vb_initial_state(self):
-        """Fits the imputation q (once), then starts the SVM at w = 1, E[1/sigma2] = 1."""
+        """Fits the imputation q (once), then starts the SVM as the linear model does (w = 1,
+        E[1/sigma2] = 1, E[Sigma_k^{-1}] = I)."""
         if self.imputation_q is None:
             self.imputation_q = self.fit_imputation_vb()
-        return np.concatenate([np.zeros(self.n), np.log(self._Aq)])
+        return self.linear.vb_initial_state()
 
     def vb_sweep(self, state):
         """One pass of the SVM's factors given the fixed ``q(D_mis)``; returns ``(state, q, elbo)``."""
-        lin, iq, n = self.linear, self.imputation_q, self.n
-        chi, Bq = np.exp(state[:n]), np.exp(state[n:])
+        lin, iq = self.linear, self.imputation_q
+        chi, Bq, q_cov = lin._unpack_state(state)
         w = hinge.expected_inverse(chi)
         tau = lin.prior_precision(self._Aq / Bq)
         self.set_cells(iq["cells"])
@@ -780,7 +812,8 @@ class CutImputedSVMModel(ImputedSVMModel):
         extra = np.zeros((lin.qd, lin.qd))
         if self.dm:
             extra[np.ix_(aff, aff)] = sum(np.einsum("i,ikl->kl", w[pat.rows], T) for pat, T in zip(self.patterns, covs))
-        post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra)
+        post = CoefficientPosterior(lin, w, tau, hinge.working_response(self.y, w), extra_precision=extra,
+                                    blocks=lin.prior_blocks([qc.mean_inv() for qc in q_cov]))
         mean, dcov, covd = post.mean, post.diag_cov(), post.cov_dense()
         Omega = covd[np.ix_(aff, aff)] + np.outer(mean[aff], mean[aff])  # E[theta theta^T] on those columns
         mf, vf = post.linear_predictor()
@@ -788,13 +821,16 @@ class CutImputedSVMModel(ImputedSVMModel):
             vf[pat.rows] += np.einsum("ikl,kl->i", T, Omega)
         chi_new = hinge.update_chi(self.y, mf, vf)
         q_var = lin.variance_posterior(lin.second_moments(mean, dcov))
+        scatters, q_cov = lin.vb_covariances(post, mean)
         means, mean_covs = iq["means"], iq["mean_covs"]
         q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "theta_cov_dense": covd,
-             "chi": chi_new, "variances": q_var, "mean_f": mf, "var_f": vf,
+             "chi": chi_new, "variances": q_var, "covariances": q_cov, "scatters": scatters,
+             "mean_f": mf, "var_f": vf,
              "cells_mean": iq["cells"], "blocks": iq["blocks"], "Sigma": iq["Sigma"],
              "class_means": means, "class_mean_covs": mean_covs,
              "mu_mean": means.mean(axis=0), "mu_cov": mean_covs.sum(axis=0) / 4.0}
-        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b) if lin.variance_components else np.zeros(0)])
+        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b) if lin.variance_components else np.zeros(0),
+                                    lin.pack_covariances(q_cov)])
         return new_state, q, lin.elbo(q)
 
     # ------------------------------------------------------------------ Gibbs
@@ -804,7 +840,10 @@ class CutImputedSVMModel(ImputedSVMModel):
         state = super().gibbs_initial_state(rng)
         state["means"] = np.tile(self.obs_mean, (2, 1))
         state["Lam_imp"] = state.pop("Lam")
+        state["Lam"] = [np.eye(c.index.shape[1]) for c in self.linear.covariance_components]
         state.pop("mu")
+        if self.svm is not self.linear:
+            state["svm"] = self.svm.gibbs_initial_state(rng)
         return state
 
     def gibbs_sweep(self, state, rng):
@@ -817,15 +856,30 @@ class CutImputedSVMModel(ImputedSVMModel):
         means = np.stack([g.sample(rng) for g in self.class_means_conditional(D, Lam)])
         Sigma = self.Sigma_conditional(self._scatter(D, means)).sample(rng)
         Lam = _chol_inv(Sigma)
+        imputation = {"cells": cells, "means": means, "Lam_imp": Lam, "x_missing": cells, "Sigma": Sigma,
+                      "mu": means.mean(axis=0), "gamma": 0.5 * (means[1] - means[0])}
+        if self.svm is not self.linear:
+            return {**imputation, **self._svm_gibbs_step(state["svm"], rng)}
         w = state["w"]
         if "theta" in state:  # 1/a | theta, new D: keeps (theta, a) | D's law invariant for the new D
             w = hinge.sample_inverse(self.y, self.linear.predictor(state["theta"]), rng)
-        scan = self.linear.gibbs_sweep({"w": w, "tau": state["tau"]}, rng)
+        scan = self.linear.gibbs_sweep({"w": w, "tau": state["tau"], "Lam": state["Lam"]}, rng)
         theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
-        return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "means": means, "Lam_imp": Lam,
-                "theta": theta, "sigma2": sigma2, "x_missing": cells, "Sigma": Sigma,
-                "mu": means.mean(axis=0), "gamma": 0.5 * (means[1] - means[0]),
+        return {**imputation, "w": w, "tau": 1.0 / sigma2, "Lam": scan["Lam"], "cov": scan["cov"],
+                "theta": theta, "sigma2": sigma2,
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
+
+    def _svm_gibbs_step(self, svm_state, rng):
+        """One sweep of the SVM block's own sampler (:attr:`svm`, e.g. Appendix B of the
+        Laplace-zero model) given the completed design, after ``1/a | u`` for the new design.
+        Its state is kept under ``"svm"``; the indicators are recorded as ``"incl"`` (``"gamma"``
+        is the label effect of the imputation model)."""
+        state = dict(svm_state)
+        if "u" in state:  # 1/a | effective coefficients, new D (as for the linear block)
+            state["w"] = hinge.sample_inverse(self.y, self.linear.predictor(state["u"]), rng)
+        state = self.svm.gibbs_sweep(state, rng)
+        return {"svm": state, "u": state["u"], "incl": state["gamma"], "sigma2": state["sigma2"],
+                "cov": state["cov"], "log_pseudo_likelihood": state["log_pseudo_likelihood"]}
 
 
 # --------------------------------------------------------------------------- checks and settings
@@ -1159,7 +1213,7 @@ def _hyperparameters(settings, d):
 
 
 # --------------------------------------------------------------------------- the fit
-def fit_imputed(design, settings):
+def fit_imputed(design, settings, prior=None):
     """Fit the Bayesian SVM with missing predictors imputed in the model.
 
     Called by :func:`vbsvm.svm` with ``missing="impute"``.
@@ -1172,28 +1226,44 @@ def fit_imputed(design, settings):
         Validated settings of :func:`vbsvm.svm`. Optional keys ``sigma2_mu``, ``Psi`` (number
         or d x d matrix on the standardized scale) and ``nu`` override the paper defaults
         1e8, 0.01 and 3.
+    prior : vbsvm.LaplaceZero, optional
+        Laplace-zero selection of the fixed effects (conditional imputation only): the SVM block
+        given each completed design is :class:`~vbsvm.models.selection.LaplaceZeroModel`; Gibbs
+        runs its Appendix B sweep after the imputation block, VB pools its Algorithm 3 fits over
+        completions drawn from the imputation q (:func:`pooled_vb_cut`).
 
     Returns
     -------
     vbsvm.imputed_fit.ImputedFit
+        (:class:`vbsvm.selection_fit.ImputedSelectionFit` with ``prior``).
     """
+    from ..api import _random_effects_label
     from ..imputed_fit import ImputedFit
 
     method = settings["method"]
-    if settings.get("prior") is not None:
-        raise InputError("prior=LaplaceZero(...) cannot be combined with missing='impute' (not supported); "
-                         "use missing='drop', or drop prior= to impute.")
     if method not in ("vb", "gibbs"):
         raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
                          "method='gibbs' (or missing='drop' for the posterior mode).")
-    spec = imputation_spec(design)
-    sigma2_mu, Psi, nu = _hyperparameters(settings, spec.d)
-    fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
-    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
     imputation = settings.get("imputation", "conditional")
     if imputation not in ("conditional", "joint"):
         raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
     cut = imputation == "conditional"
+    if prior is not None and not cut:
+        raise InputError("prior=LaplaceZero(...) with missing='impute' needs imputation='conditional' (the "
+                         "default); the joint model's hinge feedback into the imputations is not covered.")
+    spec = imputation_spec(design)
+    sigma2_mu, Psi, nu = _hyperparameters(settings, spec.d)
+    fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
+    if prior is not None:
+        from .selection import selection_setup
+
+        if method == "vb" and settings.get("vb_completions", VB_COMPLETIONS) < 1:
+            raise InputError("prior=LaplaceZero(...) with missing='impute' pools VB fits over completions; "
+                             "vb_completions must be >= 1.")
+        select, rho = selection_setup(design, settings, prior)
+        fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
+        fixed_precision[select] = np.nan
+    groups = random_effect_terms(design)
     if not cut and (spec.columns < 0).any():
         inter = [v for v in spec.variables if v is not None]
         raise InputError(
@@ -1203,8 +1273,14 @@ def fit_imputed(design, settings):
     completion = spec.completion(design, design.raw, design.X)
     cls = CutImputedSVMModel if cut else ImputedSVMModel
     model = cls(design.X, design.y, groups, fixed_precision, spec.columns, A=settings["A_u"],
-                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion)
+                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion,
+                re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
     lin = model.linear
+    if prior is not None:
+        from .selection import LaplaceZeroModel, _vb_posterior
+
+        model.svm = LaplaceZeroModel(None, design.y, groups, select, rho, sigma2_beta=settings["sigma2_beta"],
+                                     A=settings["A_u"], B=settings["B_u"], base=lin)
     from ..results import ThetaLayout
 
     layout = ThetaLayout.from_model(lin, design)
@@ -1214,13 +1290,16 @@ def fit_imputed(design, settings):
     names = list(spec.names)
     info = {
         "model": "Bayesian linear SVM with imputed missing predictors"
-                 + (" and random intercepts" if design.groups else ""),
+                 + _random_effects_label(design).replace(" with", " and", 1),
         "imputation": {
             "model": imputation, "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
             "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
             "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
         },
     }
+    if prior is not None:
+        info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
+        info.update(n_selectable=int(select.sum()), rho=float(rho))
     if method == "vb":
         if cut and settings.get("vb_completions", VB_COMPLETIONS) > 0:
             res = pooled_vb_cut(model, settings)
@@ -1258,6 +1337,13 @@ def fit_imputed(design, settings):
             "Sigma_scale": q["Sigma"].scale * Sg,
             "Sigma_df": np.float64(q["Sigma"].df),
         }
+        if lin.covariance_components:
+            posterior.update(covariance_arrays(q["covariances"]))
+        if lin.m_sparse and lin.q_sparse > 1:  # each level's q x q block of the slope term
+            posterior["theta_cov_ss_blocks"] = (q["theta_cov_ss_blocks"] if "theta_cov_ss_blocks" in q
+                                                else q["theta"].sparse_block_cov())
+        if prior is not None:  # the effective coefficients u = gamma~ * theta and the Laplace-zero q
+            posterior.update(_vb_posterior(model.svm, res, M))
         if cut:
             posterior["class_means_mean"] = center + scale * q["class_means"]
             posterior["class_means_cov"] = q["class_mean_covs"] * Sg
@@ -1270,9 +1356,11 @@ def fit_imputed(design, settings):
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
                          n_jobs=settings["n_jobs"],
-                         record=("theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
-                         + (("gamma",) if cut else ()))
-        theta = res.draws["theta"].copy()
+                         record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood",
+                                 "x_missing", "mu", "Sigma")
+                         + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
+                         + (("incl",) if prior is not None else ()))
+        theta = res.draws["u" if prior is not None else "theta"].copy()
         theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
         posterior = {
             "theta_draws": theta, "sigma2_draws": res.draws["sigma2"],
@@ -1283,8 +1371,20 @@ def fit_imputed(design, settings):
         }
         if cut:
             posterior["gamma_draws"] = scale * res.draws["gamma"]
+        if lin.covariance_components:
+            posterior["cov_draws"] = res.draws["cov"]
+        if prior is not None:  # "gamma_draws" are the indicators of a selection fit
+            posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
+                             gamma_draws=res.draws["incl"].astype(np.int8))
         info.update(seconds=res.seconds)
-    fit = ImputedFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    cls = ImputedFit
+    if prior is not None:
+        from ..selection_fit import ImputedSelectionFit
+
+        cls = ImputedSelectionFit
+        posterior["sel_index"] = model.svm.sel.astype(np.int64)
+        settings = dict(settings, prior=prior.to_dict())
+    fit = cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     fit.info["summary_notes"] = fit._imputation_notes()
     if method == "gibbs":
         fit._warn_diagnostics()
@@ -1302,8 +1402,10 @@ def pooled_vb_cut(model, settings):
     (seeded by ``seed``), fit the linear SVM's mean-field q (Algorithm 2) to each completed data
     set, and return the moment-matched Gaussian of the mixture
     :math:`K^{-1}\sum_k q_k(\theta)` (mean: average of the means; covariance: average covariance
-    plus the covariance of the means, Rubin's rules) and of the variances (an inverse gamma with
-    the mixture's mean and variance).
+    plus the covariance of the means, Rubin's rules), of the variances (an inverse gamma with
+    the mixture's mean and variance) and of each random-effect covariance (the inverse Wishart
+    with the completions' common degrees of freedom and their average scale, i.e. the mixture's
+    mean).
 
     Why not a single q with expectations over q(D_mis)? That factor (``vb_completions=0``;
     :meth:`CutImputedSVMModel.vb_sweep`) is the optimum of the mean-field KL to the cut target,
@@ -1325,26 +1427,37 @@ def pooled_vb_cut(model, settings):
     from ..inference.vb import VBResult, coordinate_ascent
 
     K = int(settings.get("vb_completions", VB_COMPLETIONS))
-    lin = model.linear
+    lin, svm = model.linear, model.svm
+    selection = svm is not lin
     model.vb_initial_state()  # fits the imputation q
     iq = model.imputation_q
     seed = settings.get("draw_seed", settings.get("seed"))
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
-    means, dcovs, vars_, ds, s_mean, s_var, elbos = [], [], [], [], [], [], []
+    means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_scales = [], [], [], [], [], [], [], []
+    blocks, extra = [], {"gamma": [], "mu_b": [], "chi": []}
+    slope_blocks = lin.m_sparse and lin.q_sparse > 1
     sweeps, converged, seconds = 0, True, 0.0
     for _ in range(K):
         model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
-        res = coordinate_ascent(lin, tol=settings["tol"], max_iter=settings["max_iter"],
+        if selection:
+            svm.refresh_design()
+        res = coordinate_ascent(svm, tol=settings["tol"], max_iter=settings["max_iter"],
                                 accelerate=settings["accelerate"])
         q = res.q
         means.append(q["theta_mean"])
         dcovs.append(q["theta"].cov_dense())
         vars_.append(q["theta_var"])
         ds.append(q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)))
+        if slope_blocks:
+            blocks.append(q["theta"].sparse_block_cov())
+        if selection:
+            for key in extra:
+                extra[key].append(np.asarray(q[key], dtype=float))
         if lin.variance_components:
             a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
             s_mean.append(b / (a - 1.0))  # a = A + m/2 > 1 for every component with m >= 2
             s_var.append(np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf))
+        cov_scales.append([qc.scale for qc in q["covariances"]])
         elbos.append(res.elbo[-1])
         sweeps += res.n_sweeps
         converged &= res.converged
@@ -1360,6 +1473,14 @@ def pooled_vb_cut(model, settings):
         "theta_var": np.mean(vars_, axis=0) + (dev ** 2).sum(axis=0) / bdiv,
         "theta_cov_ds": np.mean(ds, axis=0) + dev[:, :lin.qd].T @ dev[:, lin.qd:] / bdiv,
     }
+    if slope_blocks:
+        ds_dev = dev[:, lin.qd:].reshape(K, lin.m_sparse, lin.q_sparse)
+        pooled["theta_cov_ss_blocks"] = np.mean(blocks, axis=0) + np.einsum("kli,klj->lij", ds_dev, ds_dev) / bdiv
+    if selection:  # the Laplace-zero q: inclusion probabilities and q(b), chi averaged over completions
+        pooled.update({key: np.mean(v, axis=0) for key, v in extra.items()})
+        g = np.clip(pooled["gamma"], 1e-300, 1.0 - 1e-16)
+        pooled["eta"] = np.log(g) - np.log1p(-g)
+        pooled["theta"] = PooledGaussian(pooled, lin.qd)
     if lin.variance_components:
         m = np.mean(s_mean, axis=0)
         v = np.mean(s_var, axis=0) + np.var(s_mean, axis=0)
@@ -1367,12 +1488,38 @@ def pooled_vb_cut(model, settings):
         pooled["variances"] = InverseGamma(a, m * (a - 1.0))
     else:
         pooled["variances"] = None
+    # every completion's q(Sigma_k) has df = df_k + m_k: the average scale gives the mixture's mean
+    pooled["covariances"] = [InverseWishart(np.mean(S, axis=0), c.df + len(c.index))
+                             for c, S in zip(lin.covariance_components, zip(*cov_scales))]
     cm, cc = iq["means"], iq["mean_covs"]
     pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
                   class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
     return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
                     n_sweeps=sweeps, seconds=seconds,
                     info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
+
+
+class PooledGaussian:
+    """The moment-matched Gaussian of :func:`pooled_vb_cut` in the interface of
+    :class:`~vbsvm.models.linear.CoefficientPosterior` that the fits read (``mean``,
+    ``diag_cov``, ``cov_dense``, ``cov_dense_sparse``, ``sparse_block_cov``)."""
+
+    def __init__(self, pooled, qd):
+        self.mean = pooled["theta_mean"]
+        self.mean_dense, self.mean_sparse = self.mean[:qd], self.mean[qd:]
+        self._p = pooled
+
+    def diag_cov(self):
+        return self._p["theta_var"]
+
+    def cov_dense(self):
+        return self._p["theta_cov_dense"]
+
+    def cov_dense_sparse(self):
+        return self._p["theta_cov_ds"]
+
+    def sparse_block_cov(self):
+        return self._p["theta_cov_ss_blocks"]
 
 
 def coordinate_ascent_imputed(model, settings):

@@ -4,7 +4,7 @@ Algorithm 3 and Appendix B).
 Model. The columns of the fixed-effect design split into the always-included block ``beta``
 (intercept and the ``keep`` terms, prior :math:`N(0, \sigma_\beta^2)`) and the :math:`m`
 selectable columns :math:`Z`; random intercepts :math:`u_g` (``(1 | g)`` terms) are always
-included with their own variances. With :math:`C = [X, Z, Z_{groups}]`,
+included with their own variances (random slopes: see *Random slopes* below). With :math:`C = [X, Z, Z_{groups}]`,
 :math:`\theta = (\beta, v, u_g)`, :math:`\tilde\gamma = (1_p, \gamma, 1)` and
 :math:`f = C \mathrm{diag}(\tilde\gamma)\theta` (so the effective coefficient of column k is
 :math:`u_k = \gamma_k v_k`):
@@ -107,6 +107,31 @@ reached ELBO -2099.3, a start at the prior (``mu_gamma = rho``) only -3712. Diff
 iterations, other SQUAREM step lengths) can end in different optima of similar ELBO (-2094.1 on
 spam, one term fewer); compare fits by their ELBO.
 
+Random slopes. A random-effect term with q > 1 columns (``(1 + x | g)``) keeps its
+:math:`b_{k,l} \sim N_q(0, \Sigma_k)`, :math:`\Sigma_k \sim IW(\nu, \Psi)` of
+:mod:`vbsvm.models.linear`; its coefficients are always included (:math:`\tilde\gamma = 1` there),
+so the full conditionals above hold with :math:`\mathrm{diag}(\tau)` completed by
+:math:`\Sigma_k^{-1}` on each level's block, and
+
+.. math::
+
+    \Sigma_k \mid \text{rest} \sim IW\big(\Psi + \textstyle\sum_l b_{k,l} b_{k,l}^T,\; \nu + m_k\big),
+
+the conjugate step of the linear model (VB: :math:`E[\Sigma_k^{-1}] = \nu_q\Psi_q^{-1}` in
+:math:`q(\theta)`, :math:`q(\Sigma_k) = IW(\Psi + \sum_l E_q[b_l b_l^T], \nu + m_k)` and its ELBO
+terms as in :meth:`~vbsvm.models.linear.LinearSVMModel.covariance_elbo`). :math:`q(\theta)` is then
+built by :class:`SlopeSelectionPosterior`: the linear model's block Schur elimination applied to
+the scaled design :math:`C\,\mathrm{diag}(\mu_{\tilde\gamma})` with the extra ridge above.
+
+Missing predictors (``missing="impute"``, the conditional model of :mod:`vbsvm.models.missing`).
+The imputation block :math:`(D_{mis}, m, \Sigma)` is cut from the hinge, so the target is
+:math:`p(D_{mis}, m, \Sigma \mid D_{obs}, y)\, p(\theta, \gamma, b, \sigma^2, a \mid y, D_{obs}, D_{mis})`.
+Gibbs: the imputation block's full conditionals (:class:`~vbsvm.models.missing.CutImputedSVMModel`),
+:math:`1/a \mid u, D` for the new completion, then the sweep above given the completed design.
+VB: the imputation q first, then this section's Algorithm 3 on completions drawn from it, pooled
+by :func:`~vbsvm.models.missing.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
+:math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
+
 Mixing of the Gibbs sampler. Single-site updates of the indicators mix slowly when predictors are
 correlated (the paper ran 50k + 50k draws). Drawing each pair ``(gamma_k, v_k)`` jointly, with
 ``v_k`` integrated out of gamma_k's conditional, was tried on spam and did not help (the
@@ -116,6 +141,7 @@ is Appendix B as written. Check ``fit.diagnostics()`` (rows ``gamma[term]``).
 
 from __future__ import annotations
 
+import copy
 import difflib
 import math
 import warnings
@@ -131,7 +157,8 @@ from ..exceptions import ConvergenceWarning, InputError, InputTypeError
 from ..inference.gibbs import run_chains
 from ..inference.vb import coordinate_ascent
 from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel
+from .linear import (CoefficientPosterior, LinearSVMModel, WorkingGram, _spd_inverse, covariance_arrays,
+                     random_effect_terms)
 
 __all__ = ["LaplaceZeroModel", "SelectionPosterior", "fit_laplace_zero"]
 
@@ -171,6 +198,14 @@ class Gram:
     Dw: np.ndarray
     Gsd: np.ndarray
     br: np.ndarray
+    #: the base model's :class:`~vbsvm.models.linear.WorkingGram` (random slopes only)
+    working: object = None
+
+
+def _selection_variance(C2sel, s, sel, second_moment_sel):
+    """Variance of the score due to the indicators: ``sum_k c_ik^2 s_k (1 - s_k) Omega_kk``."""
+    ss = s[sel]
+    return C2sel @ (ss * (1.0 - ss) * second_moment_sel)
 
 
 class SelectionPosterior(CoefficientPosterior):
@@ -227,9 +262,43 @@ class SelectionPosterior(CoefficientPosterior):
             extra = 0.0
         V = dtrmm(1.0, self.Linv, X, side=1, lower=1, trans_a=1, overwrite_b=1)
         var = np.einsum("ij,ij->i", V, V) + extra
-        ss = s[sel]
-        var = var + self.C2sel @ (ss * (1.0 - ss) * second_moment_sel)
-        return mean, var
+        return mean, var + _selection_variance(self.C2sel, s, sel, second_moment_sel)
+
+
+class SlopeSelectionPosterior(CoefficientPosterior):
+    r""":class:`SelectionPosterior` for random-effect terms with slopes or covariance matrices.
+
+    The same ``P = D G D + diag(diag(G) s (1 - s)) + T`` and ``h = D C^T y(1 + w)``
+    (``D = diag(s)`` on the dense coordinates, 1 on the random effects), with ``T`` holding
+    ``E[Sigma_k^{-1}]`` (VB) or ``Sigma_k^{-1}`` (Gibbs) on each level's block of a term with a
+    covariance; the block Schur elimination of the largest term is that of
+    :class:`~vbsvm.models.linear.CoefficientPosterior`, applied to the scaled design ``C D``.
+    """
+
+    def __init__(self, model: "LaplaceZeroModel", gram: Gram, s, tau, blocks=()):
+        base = model.base
+        self.C2sel = model.C2sel
+        g = copy.copy(gram.working)
+        g.A = gram.Gdd * np.outer(s, s)
+        g.A[np.diag_indices(base.qd)] += np.diag(gram.Gdd) * s * (1.0 - s)
+        g.bd = s * gram.bd
+        if base.m_sparse:
+            g.G = g.G * s
+        super().__init__(base, None, tau, None, blocks=blocks, gram=g)
+
+    def score_moments(self, s, sel, second_moment_sel):
+        """Mean and variance of the score under ``q(theta) x Bernoulli(s)`` (as
+        :meth:`SelectionPosterior.score_moments`): the linear predictor of the scaled design
+        ``C diag(s)`` plus the indicators' part."""
+        base = self.model
+        view = copy.copy(base)
+        view.Cd = np.asfortranarray(base.Cd * s)
+        self.model = view
+        try:
+            mean, var = self.linear_predictor()
+        finally:
+            self.model = base
+        return mean, var + _selection_variance(self.C2sel, s, sel, second_moment_sel)
 
 
 class LaplaceZeroModel:
@@ -241,8 +310,10 @@ class LaplaceZeroModel:
         Fixed-effect design (standardized).
     y : ndarray (n,)
         Labels in {-1, +1}.
-    groups : list of (codes, n_levels, name)
-        Random-intercept factors (always included).
+    groups : list of (codes, n_levels, name) or (codes, n_levels, name, Z)
+        Random-effect terms (always included), as in
+        :class:`~vbsvm.models.linear.LinearSVMModel`: random intercepts with a variance, terms
+        with slopes with an inverse-Wishart covariance.
     select : ndarray of bool (p,)
         Columns of ``X`` under the Laplace-zero prior; the others get ``N(0, sigma2_beta)``.
     rho : float
@@ -254,14 +325,21 @@ class LaplaceZeroModel:
         Hold the Laplace mixing variables ``b_k`` at these values (a test device: with
         ``rho = 1`` and ``b = 1`` the model is the ridge-type model of
         :class:`~vbsvm.models.linear.LinearSVMModel` with ``penalty="auto"``).
+    re_df, re_scale : float and (q, q) array, optional
+        Inverse-Wishart prior of the random-effect covariances (terms with slopes).
+    base : LinearSVMModel, optional
+        The linear model of the coefficients (built from the arguments above when omitted; the
+        imputation model passes the one whose design it completes).
     """
 
-    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None):
+    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None,
+                 re_df=None, re_scale=None, base=None):
         select = np.asarray(select, dtype=bool)
-        fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
-        fixed_precision[select] = np.nan
-        self.base = LinearSVMModel(X, y, groups, fixed_precision, A=A, B=B)
-        base = self.base
+        if base is None:
+            fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
+            fixed_precision[select] = np.nan
+            base = LinearSVMModel(X, y, groups, fixed_precision, A=A, B=B, re_df=re_df, re_scale=re_scale)
+        self.base = base
         self.n, self.q, self.qd = base.n, base.q, base.qd
         self.y = base.y
         self.A, self.B = float(A), float(B)
@@ -269,7 +347,7 @@ class LaplaceZeroModel:
         self.m = self.sel.size
         if self.m == 0:
             raise ValueError("no selectable columns")
-        self.C2sel = np.ascontiguousarray(base.Cd[:, self.sel] ** 2)
+        self.refresh_design()
         # The variance component "sigma2_u" of the base model governs exactly the selectable
         # coordinates; it is the first variance component (the groups follow).
         self.vcomps = base.variance_components
@@ -280,6 +358,9 @@ class LaplaceZeroModel:
         self.fixed_index = np.concatenate([c.index for c in base.components if c.kind == "fixed"] or [np.zeros(0, int)]).astype(int)
         self.fixed_tau = base.prior_precision(np.ones(len(self.vcomps)))[self.fixed_index]
         self.blas_work = self.base.blas_work  # read by the engines (vbsvm.inference.threads)
+        #: random slopes or covariance matrices: the general block algebra (SlopeSelectionPosterior)
+        self.slopes = bool(base.covariance_components) or bool(base.m_sparse and np.any(base.Zs != 1.0))
+        self.covs = base.covariance_components
         # swap proposals: |correlation| between selectable columns (floored, so that every pair
         # can be proposed) and the sign that maps one coefficient onto the other
         corr = np.corrcoef(base.Cd[:, self.sel], rowvar=False) if self.m > 1 else np.ones((1, 1))
@@ -287,6 +368,11 @@ class LaplaceZeroModel:
         self._swap_weight = np.maximum(np.abs(corr), 0.01)
         np.fill_diagonal(self._swap_weight, 0.0)
         self._swap_sign = np.where(corr < 0, -1.0, 1.0)
+
+    def refresh_design(self):
+        """Recompute what the model keeps of the design (``C[:, sel]^2``) after the base model's
+        design changed in place (a completion of imputed cells)."""
+        self.C2sel = np.ascontiguousarray(self.base.Cd[:, self.sel] ** 2)
 
     def set_rho(self, rho):
         """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
@@ -306,6 +392,10 @@ class LaplaceZeroModel:
         symmetric rank-k update, half the flops of a general product).
         """
         base = self.base
+        if self.slopes:
+            g = WorkingGram(base, w, hinge.working_response(self.y, w))
+            Gsd = g.G.reshape(-1, self.qd) if base.m_sparse else np.zeros((0, self.qd))
+            return Gram(g.A, g.bd, np.zeros(0), Gsd, g.br.ravel(), working=g)
         sw = np.sqrt(w)
         Ws = base.Cd * sw[:, None]
         Gdd = Ws.T @ Ws
@@ -333,7 +423,11 @@ class LaplaceZeroModel:
         u[self.sel] *= gamma_sel
         return u
 
-    def posterior(self, gram, s, tau) -> SelectionPosterior:
+    def posterior(self, gram, s, tau, covariance_precisions=()) -> SelectionPosterior:
+        """Gaussian of theta given the inclusion weights ``s``, prior precisions ``tau`` and the
+        precision matrices of the random-effect covariances."""
+        if self.slopes:
+            return SlopeSelectionPosterior(self, gram, s, tau, self.base.prior_blocks(covariance_precisions))
         return SelectionPosterior(self, gram, s, tau)
 
     def variance_posterior(self, sq) -> InverseGamma:
@@ -342,17 +436,18 @@ class LaplaceZeroModel:
 
     # ------------------------------------------------------------------ VB (Algorithm 3)
     def vb_initial_state(self, eta=ETA_INIT):
-        """``(log chi, log B_q, log mu_b, eta)``: w = 1, E[1/sigma^2] = 1, E[b] = 1, gamma ~ 1."""
+        """``(log chi, log B_q, log mu_b, eta, IW scales)``: w = 1, E[1/sigma^2] = 1, E[b] = 1,
+        gamma ~ 1, E[Sigma_k^{-1}] = I."""
         return np.concatenate([np.zeros(self.n), np.log(self.A + self.sizes / 2.0), np.zeros(self.m),
-                               np.full(self.m, float(eta))])
+                               np.full(self.m, float(eta)), self.base.covariance_initial_state()])
 
     def unpack(self, state):
         n, nv, m = self.n, len(self.vcomps), self.m
         chi = np.exp(state[:n])
         Bq = np.exp(state[n:n + nv])
         mu_b = np.exp(state[n + nv:n + nv + m]) if self.fixed_b is None else self.fixed_b
-        eta = state[n + nv + m:]
-        return chi, Bq, mu_b, eta
+        eta = state[n + nv + m:n + nv + 2 * m]
+        return chi, Bq, mu_b, eta, self.base.unpack_covariances(state[n + nv + 2 * m:])
 
     def vb_sweep(self, state):
         """One pass of Algorithm 3 from ``state``; returns ``(new_state, q, elbo)``.
@@ -361,13 +456,13 @@ class LaplaceZeroModel:
         (lines 4-8); q(a) (line 10); q(sigma^2) (line 11). Each update maximizes the ELBO in its
         factor given the others, so the ELBO of successive sweeps never decreases.
         """
-        chi, Bq, mu_b, eta = self.unpack(state)
+        chi, Bq, mu_b, eta, q_cov = self.unpack(state)
         Aq = self.A + self.sizes / 2.0
         w = hinge.expected_inverse(chi)
         gram = self.gram(w)
         s = self.scaling(expit(eta))
         tau = self.prior_precision(Aq / Bq, mu_b)
-        post = self.posterior(gram, s, tau)
+        post = self.posterior(gram, s, tau, [qc.mean_inv() for qc in q_cov])
         mu = post.mean
         dcov = post.diag_cov()
         sel = self.sel
@@ -389,10 +484,11 @@ class LaplaceZeroModel:
         sq = [float(np.sum(mu_b_new * Okk))]
         sq += [float(np.sum(mu[c.index] ** 2 + dcov[c.index])) for c in self.vcomps[1:]]
         q_var = self.variance_posterior(sq)
+        scatters, q_cov = self.base.vb_covariances(post, mu)  # the IW step of Algorithm 2
         q = {"theta": post, "theta_mean": mu, "theta_var": dcov, "Okk": Okk, "mu_b": mu_b_new,
              "eta": eta_new, "gamma": expit(eta_new), "chi": chi_new, "variances": q_var,
-             "mean_f": mf, "var_f": vf}
-        parts = [np.log(chi_new), np.log(q_var.b), np.log(mu_b_new), eta_new]
+             "covariances": q_cov, "scatters": scatters, "mean_f": mf, "var_f": vf}
+        parts = [np.log(chi_new), np.log(q_var.b), np.log(mu_b_new), eta_new, self.base.pack_covariances(q_cov)]
         return np.concatenate(parts), q, self.elbo(q)
 
     def _gamma_sweep(self, gram, post, Odd, s, eta_max=None):
@@ -459,13 +555,13 @@ class LaplaceZeroModel:
             t1 = g * (self.log_rho - log_expit(eta))
             t0 = np.where(g < 1.0, (1.0 - g) * (self.log_1mrho - log_expit(-eta)), 0.0)
         value += float(np.sum(t1 + t0))
-        return value
+        return value + self.base.covariance_elbo(q.get("covariances", ()), q.get("scatters", ()))
 
     # ------------------------------------------------------------------ Gibbs (Appendix B)
     def gibbs_initial_state(self, rng):
         b = np.ones(self.m) if self.fixed_b is None else self.fixed_b
         return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": b.copy(),
-                "sigma2": np.ones(len(self.vcomps))}
+                "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs]}
 
     def gamma_logits(self, gram, theta, gamma_sel, rng=None):
         """Draw the gamma_k one at a time from their full conditionals (module docstring).
@@ -543,7 +639,7 @@ class LaplaceZeroModel:
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         s = self.scaling(state["gamma"])
-        theta = self.posterior(gram, s, tau).sample(rng)
+        theta = self.posterior(gram, s, tau, state.get("Lam", ())).sample(rng)
         gamma, _ = self.gamma_logits(gram, theta, state["gamma"], rng)
         f = self.base.predictor(self.effective(theta, gamma))
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
@@ -558,7 +654,11 @@ class LaplaceZeroModel:
             b = self.fixed_b
         sq = [float(np.sum(b * v * v))] + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]]
         sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
+        # Sigma_k | b ~ IW(scale + sum_l b_l b_l^T, df + m) (the conjugate step of the linear model)
+        Sigmas = [qc.sample(rng) for qc in self.base.covariance_posteriors(self.base.scatter_matrices(theta))]
         return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
+                "Lam": [_spd_inverse(S) for S in Sigmas],
+                "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
 
@@ -578,53 +678,35 @@ def fit_laplace_zero(design, settings, prior):
     Returns
     -------
     vbsvm.selection_fit.SelectionFit
+        (:class:`~vbsvm.selection_fit.ImputedSelectionFit` with ``missing="impute"``, fitted by
+        :func:`vbsvm.models.missing.fit_imputed`).
 
     Raises
     ------
     vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
-        For a prior that is not a :class:`~vbsvm.LaplaceZero`, ``method="map"``,
-        ``missing="impute"``, a ``penalty`` other than the default, unknown ``keep`` terms or
-        nothing left to select.
+        As :func:`selection_setup`.
     """
-    from ..priors import LaplaceZero
     from ..results import ThetaLayout
     from ..selection_fit import SelectionFit
 
-    if not isinstance(prior, LaplaceZero):
-        raise InputTypeError(
-            f"prior must be a vbsvm.LaplaceZero(...) (the only sparse prior so far), got {type(prior).__name__}."
-        )
-    method = settings["method"]
-    if method not in ("vb", "gibbs"):
-        raise InputError(
-            f"method={method!r} is not available with prior=LaplaceZero(...): the posterior mode of a "
-            "spike-and-slab prior is degenerate. Use method='vb' or method='gibbs'."
-        )
     if settings.get("missing") == "impute":
-        raise InputError(
-            "missing='impute' cannot be combined with prior=LaplaceZero(...) yet; use missing='drop'."
-        )
-    if settings.get("penalty", "auto") != "auto":
-        raise InputError(
-            f"penalty={settings['penalty']!r} cannot be combined with prior=LaplaceZero(...): the "
-            "Laplace slab (scale inferred) replaces the ridge penalty. Leave penalty at its default."
-        )
-    select = selectable_columns(design, prior.keep)
+        from .missing import fit_imputed
+
+        return fit_imputed(design, settings, prior=prior)
+    method = settings["method"]
+    select, rho = selection_setup(design, settings, prior)
     m = int(select.sum())
-    if m == 0:
-        raise InputError(
-            "prior=LaplaceZero(...) has nothing to select: every fixed effect is the intercept or "
-            "listed in keep. Remove terms from keep or add predictors to the formula."
-        )
-    rho = prior.resolve_rho(m)
-    groups = [(g.codes, g.n_levels, g.name) for g in design.groups]
-    model = LaplaceZeroModel(design.X, design.y, groups, select, rho if rho != "auto" else prior.rho_grid[0],
-                             sigma2_beta=settings["sigma2_beta"], A=settings["A_u"], B=settings["B_u"])
+    model = LaplaceZeroModel(design.X, design.y, random_effect_terms(design), select,
+                             rho if rho != "auto" else prior.rho_grid[0], sigma2_beta=settings["sigma2_beta"],
+                             A=settings["A_u"], B=settings["B_u"], re_df=settings.get("re_df"),
+                             re_scale=settings.get("re_scale"))
     base = model.base
     layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
     M = design.to_original(base.qd)
+    from ..api import _random_effects_label
+
     info = {"model": "Bayesian linear SVM with Laplace-zero selection"
-                     + (" and random intercepts" if design.groups else ""),
+                     + _random_effects_label(design).replace(" with", " and", 1),
             "n_selectable": m,
             "summary_notes": ["Selectable terms: the coefficient is u = gamma * v (exactly 0 when the term is "
                               "out); VB intervals of selectable terms are exact quantiles of q's spike-and-slab "
@@ -646,12 +728,15 @@ def fit_laplace_zero(design, settings, prior):
     else:
         gres = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                           thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
-                          n_jobs=settings["n_jobs"], record=("u", "gamma", "sigma2", "log_pseudo_likelihood"))
+                          n_jobs=settings["n_jobs"], record=("u", "gamma", "sigma2", "log_pseudo_likelihood")
+                          + (("cov",) if base.covariance_components else ()))
         u = gres.draws["u"].copy()
         u[..., : base.qd] = u[..., : base.qd] @ M.T
         posterior = {"theta_draws": u, "sigma2_draws": gres.draws["sigma2"],
                      "log_pseudo_likelihood": gres.draws["log_pseudo_likelihood"],
                      "gamma_draws": gres.draws["gamma"].astype(np.int8)}
+        if base.covariance_components:
+            posterior["cov_draws"] = gres.draws["cov"]
         info.update(seconds=gres.seconds)
     posterior["sel_index"] = model.sel.astype(np.int64)
     settings = dict(settings, prior=prior.to_dict())
@@ -660,6 +745,49 @@ def fit_laplace_zero(design, settings, prior):
     if method == "gibbs":
         fit._warn_diagnostics()
     return fit
+
+
+def selection_setup(design, settings, prior):
+    """Check a Laplace-zero fit's arguments; returns the selectable columns and ``rho`` (a number,
+    or ``"auto"``).
+
+    Raises
+    ------
+    vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
+        For a prior that is not a :class:`~vbsvm.LaplaceZero`, ``method="map"``, a ``penalty``
+        other than the default, unknown ``keep`` terms, nothing left to select, or
+        ``rho="auto"`` with ``missing="impute"``.
+    """
+    from ..priors import LaplaceZero
+
+    if not isinstance(prior, LaplaceZero):
+        raise InputTypeError(
+            f"prior must be a vbsvm.LaplaceZero(...) (the only sparse prior so far), got {type(prior).__name__}."
+        )
+    method = settings["method"]
+    if method not in ("vb", "gibbs"):
+        raise InputError(
+            f"method={method!r} is not available with prior=LaplaceZero(...): the posterior mode of a "
+            "spike-and-slab prior is degenerate. Use method='vb' or method='gibbs'."
+        )
+    if settings.get("penalty", "auto") != "auto":
+        raise InputError(
+            f"penalty={settings['penalty']!r} cannot be combined with prior=LaplaceZero(...): the "
+            "Laplace slab (scale inferred) replaces the ridge penalty. Leave penalty at its default."
+        )
+    select = selectable_columns(design, prior.keep)
+    m = int(select.sum())
+    if m == 0:
+        raise InputError(
+            "prior=LaplaceZero(...) has nothing to select: every fixed effect is the intercept or "
+            "listed in keep. Remove terms from keep or add predictors to the formula."
+        )
+    rho = prior.resolve_rho(m)
+    if rho == "auto" and settings.get("missing") == "impute":
+        raise InputError("LaplaceZero(rho='auto') is not available with missing='impute' (the ELBO grid would "
+                         "need pooled fits per rho); give rho a number, e.g. LaplaceZero(rho=0.1), or "
+                         "expected_size=k.")
+    return select, rho
 
 
 def selectable_columns(design, keep) -> np.ndarray:
@@ -747,10 +875,15 @@ def _vb_posterior(model, res, M):
     var_o = var.copy()
     var_o[:qd] = np.diag(cov_o)
     qv = q["variances"]
-    return {
+    out = {
         "theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
         "var_shape": np.atleast_1d(qv.a).astype(float), "var_scale": np.atleast_1d(qv.b).astype(float),
         "elbo": res.elbo,
         "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds,
         "q_gamma": g, "q_eta": q["eta"], "q_b": np.asarray(q["mu_b"], float), "q_chi": q["chi"],
     }
+    if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
+        out["theta_cov_ss_blocks"] = post.sparse_block_cov()
+    if model.covs:
+        out.update(covariance_arrays(q["covariances"]))
+    return out
