@@ -125,3 +125,33 @@ def test_refusals(client, frame):
         fit.predict()
     with pytest.raises(InputError, match="Dask"):
         fit.save("never_written.nc")
+
+
+def _gp_frame(rng, n):
+    X = rng.uniform(-2, 2, (n, 2))
+    f = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - 1.2
+    return pd.DataFrame({"x1": X[:, 0], "x2": X[:, 1],
+                         "y": np.where(f + 0.4 * rng.standard_normal(n) > 0, "a", "b")})
+
+
+def test_gp_svi_from_dask_matches_in_memory(client):
+    rng = np.random.default_rng(3)
+    train, test = _gp_frame(rng, 8000), _gp_frame(rng, 8000)
+    kw = dict(n_inducing=24, seed=5, progress=False, max_iter=4000)
+    with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
+        ref = vbsvm.gpsvm("y ~ x1 + x2", train, **kw)
+    with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
+        fit = vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=5), **kw)
+    assert fit.n_obs == len(train)
+    lazy = fit.predict(dd.from_pandas(test, npartitions=3))
+    assert isinstance(lazy, dd.Series)
+    err_ref = float(np.mean(ref.predict(test) != test.y))
+    err = float(np.mean(lazy.compute() != test.y))
+    assert abs(err - err_ref) < 0.005
+    # same seed, same stream, same fit
+    again = vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=5), **kw)
+    np.testing.assert_array_equal(again.predict(test, kind="prob"), fit.predict(test, kind="prob"))
+    with pytest.raises(InputError, match="method='svi'"):
+        vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=2), method="vb", n_inducing=10)
+    with pytest.raises(InputError, match="newdata"):
+        fit.predict()

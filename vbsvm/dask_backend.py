@@ -738,6 +738,19 @@ def predict_dask(fit, data, *, kind="class", new_levels="integrate", na_action="
         raise InputError(f"newdata lacks the column(s) {absent} that the formula {d.formula!r} uses; pass a frame "
                          "with the same predictor columns as the training data.")
     light = _light_fit(fit)
+
+    def one(frame):
+        if kind == "score":
+            return Fit.predict_score(light, frame, new_levels=new_levels, na_action=na_action)
+        return Fit.predict(light, frame, kind=kind, new_levels=new_levels, na_action=na_action)
+
+    return lazy_predictions(data, d, kind, one)
+
+
+def lazy_predictions(data, design, kind, predict_frame):
+    """``data.map_partitions(predict_frame)`` with the metadata of the predictions of ``kind``
+    (a Series named like the pandas result; a DataFrame of mean and sd for ``"score"``)."""
+    d = design
     if kind == "score":
         meta = pd.DataFrame({"mean": pd.Series([], dtype=float), "sd": pd.Series([], dtype=float)})
     elif kind == "class":
@@ -747,12 +760,101 @@ def predict_dask(fit, data, *, kind="class", new_levels="integrate", na_action="
     else:
         meta = pd.Series([], dtype=float, name=f"P(score > 0) for P({d.response}={d.positive_level!r})")
     meta.index = data._meta.index
+    return data.map_partitions(predict_frame, meta=meta)
 
-    def one(frame):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", pd.errors.PerformanceWarning)
-            if kind == "score":
-                return Fit.predict_score(light, frame, new_levels=new_levels, na_action=na_action)
-            return Fit.predict(light, frame, kind=kind, new_levels=new_levels, na_action=na_action)
 
-    return data.map_partitions(one, meta=meta)
+# ============================================================================ GP SVI minibatches
+def _task_rows(frame, design, keep, positions):
+    """Rows ``positions`` (sorted, with repeats) of a partition's complete rows, as
+    ``(X[:, keep], y)`` of the design (``frame`` may be a raw partition or a persisted one)."""
+    rows = frame.loc[~design.incomplete_rows(frame)]
+    rows = rows.iloc[positions]
+    X = design.new_X(rows)[:, keep]
+    y = np.where(np.asarray(rows[design.response] == design.positive_level, dtype=bool), 1.0, -1.0)
+    return np.ascontiguousarray(X), y
+
+
+def _task_complete_rows(frame, design):
+    return int((~design.incomplete_rows(frame)).sum())
+
+
+class DaskBatches:
+    """Minibatches for SVI (:func:`vbsvm.inference.svi.fit_svi`) from the partitions of a Dask
+    frame, in memory independent of n.
+
+    Each draw picks a partition at random with probability proportional to its complete rows
+    and ``per_load`` minibatches of ``batch_size`` rows uniformly (with replacement) within it;
+    one task returns just those rows (the worker reads the partition, e.g. from Parquet), and
+    the next group is requested while the current one is consumed. Every minibatch is an
+    unbiased sample of the full data sum (row i of partition k has probability
+    ``n_k / n * 1 / n_k``). All random numbers come from the fit's generator, so the stream is a
+    function of the seed only (not of the cluster).
+
+    Parameters
+    ----------
+    data : dask.dataframe.DataFrame
+    design : Design
+        From :func:`learn_design`.
+    keep : array of int
+        The design columns the GP uses.
+    """
+
+    per_load = 50
+
+    def __init__(self, data, design, keep):
+        dask = _dask()
+        self.design, self.keep = design, np.asarray(keep, dtype=int)
+        self.parts = data[list(design.raw.columns)].to_delayed()
+        self.sizes = np.asarray(dask.compute(*[dask.delayed(_task_complete_rows)(p, design)
+                                               for p in self.parts]), dtype=np.int64)
+        self.n = int(self.sizes.sum())
+        if self.n == 0:
+            raise InputError("data (a Dask DataFrame) has no complete rows for the formula.")
+        self.b = None
+        self.rng = None
+        self.loads = 0
+
+    def _request(self, counts_by_part):
+        """Delayed ``(X, y)`` of ``counts_by_part`` ({partition: positions}), one task each."""
+        dask = _dask()
+        return [dask.delayed(_task_rows)(self.parts[k], self.design, self.keep, pos)
+                for k, pos in counts_by_part.items()]
+
+    def sample(self, rng, size):
+        """``size`` rows (with replacement, partition chosen per row ∝ its rows): for the
+        inducing points and the ELBO monitor."""
+        dask = _dask()
+        counts = rng.multinomial(int(size), self.sizes / self.n)
+        todo = {k: np.sort(rng.integers(0, self.sizes[k], c)) for k, c in enumerate(counts) if c}
+        got = dask.compute(*self._request(todo))
+        return np.vstack([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def batches(self, batch_size, rng):
+        """The minibatch source: an iterable of ``(X, y)``."""
+        self.b, self.rng = int(batch_size), rng
+        return self
+
+    def _group(self):
+        k = int(self.rng.choice(self.sizes.size, p=self.sizes / self.n))
+        pos = np.sort(self.rng.integers(0, self.sizes[k], (self.per_load, self.b)), axis=1)
+        self.loads += 1
+        return self._request({k: pos.ravel()})[0]
+
+    def __iter__(self):
+        dask = _dask()
+        try:
+            from distributed import get_client
+
+            client = get_client()
+        except (ImportError, ValueError):
+            client = None
+        pending = client.compute(self._group()) if client is not None else self._group()
+        while True:
+            if client is not None:
+                X, y = pending.result()
+                pending = client.compute(self._group())  # prefetch while these are used
+            else:
+                X, y = dask.compute(pending)[0]
+                pending = self._group()
+            for s in range(0, X.shape[0], self.b):
+                yield X[s:s + self.b], y[s:s + self.b]
