@@ -6,7 +6,7 @@ label from a linear score plus noise; one file per ``--part-rows`` rows), then
 * the Dask fit streamed from Parquet (``persist=False``) on a ``LocalCluster`` with
   ``--workers`` worker processes of one thread each and a ``--memory-limit`` per worker: wall
   time, sweeps, passes over the data, time per sweep and per pass, the client's peak RSS and the
-  largest RSS any worker reached (polled every 0.2 s);
+  largest RSS any worker reached (polled every 0.5 s);
 * beside it, where it fits (rows <= ``--inmem-max``), the in-memory fit of the same rows
   (pandas frame read from the same files), each measurement in a fresh process so that its peak
   RSS is its own.
@@ -16,7 +16,7 @@ a fit of 1e9 rows on 32 workers. Results: ``benchmarks/results/dask_scale.{json,
 
 Usage::
 
-    python benchmarks/dask_scale.py --rows 1e6 3e6 1e7 --workers 2 --memory-limit 300MB
+    python benchmarks/dask_scale.py --rows 1e6 3e6 --workers 2 --memory-limit 1GB
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def measure_inmem(path: Path) -> dict:
             "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
 
 
-def measure_dask(path: Path, workers: int, memory_limit: str) -> dict:
+def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool) -> dict:
     import dask.dataframe as dd
     import psutil
     from distributed import Client, LocalCluster
@@ -101,19 +101,19 @@ def measure_dask(path: Path, workers: int, memory_limit: str) -> dict:
                     peak["worker_mb"] = max([peak["worker_mb"], *client.run(rss).values()])
                 except Exception:  # noqa: BLE001 - a poll during shutdown
                     pass
-                stop.wait(0.2)
+                stop.wait(0.5)
 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
         data = dd.read_parquet(str(path))
         t0 = time.perf_counter()
-        fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=False)
+        fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist)
         wall = time.perf_counter() - t0
         stop.set()
         thread.join()
         limit = sum(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     info = fit.info
-    return {"kind": "dask", "rows": fit.n_obs, "workers": workers, "partitions": info["partitions"],
+    return {"kind": "dask persisted" if persist else "dask streamed", "rows": fit.n_obs, "workers": workers, "partitions": info["partitions"],
             "memory_limit_total_mb": limit / 2 ** 20, "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20,
             "wall_seconds": wall, "vb_seconds": info["seconds"], "sweeps": info["n_sweeps"],
             "passes": info["passes"], "sweep_seconds": info["seconds"] / info["n_sweeps"],
@@ -138,7 +138,7 @@ def cost_model(runs):
 
 
 def write_report(results, out_dir: Path, args):
-    dask_runs = [r for r in results if r["kind"] == "dask"]
+    dask_runs = [r for r in results if r["kind"] == "dask streamed"]
     inmem = {r["rows"]: r for r in results if r["kind"] == "inmem"}
     a, b = cost_model(dask_runs) if len(dask_runs) >= 2 else (float("nan"), float("nan"))
     sweeps = float(np.median([r["sweeps"] for r in dask_runs]))
@@ -162,16 +162,16 @@ def write_report(results, out_dir: Path, args):
     for r in results:
         ref = inmem.get(r["rows"])
         diff = ""
-        if r["kind"] == "dask" and ref is not None:
+        if r["kind"].startswith("dask") and ref is not None:
             c, c0 = np.array(r["coef"]), np.array(ref["coef"])
             diff = f"{np.max(np.abs(c - c0) / np.abs(c0)):.1e}"
         lines.append(
             f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | {r['kind']}"
-            f"{' (' + str(r['workers']) + ' workers)' if r['kind'] == 'dask' else ''} | {r['wall_seconds']:.1f} "
+            f"{' (' + str(r['workers']) + ' workers)' if r['kind'].startswith('dask') else ''} | {r['wall_seconds']:.1f} "
             f"| {r['sweeps']} | {r.get('passes', '')} | {r['sweep_seconds']:.3f} "
             f"| {1e9 * r['sweep_seconds'] / r['rows']:.0f} | {r['client_peak_mb']:.0f} "
             f"| {r.get('worker_peak_mb', float('nan')):.0f} | {diff} |")
-    lines += ["", f"Cost model (least squares over the Dask runs): time per pass = {a:.3f} s + {b * 1e9:.1f} ns x "
+    lines += ["", f"Cost model (least squares over the streamed Dask runs): time per pass = {a:.3f} s + {b * 1e9:.1f} ns x "
               "rows / workers. A sweep is "
               f"{passes_per_sweep:.2f} passes on average (two per sweep, plus one per SQUAREM step for its norms); "
               f"the fits took {sweeps:.0f} sweeps (median), which does not grow with n.", "",
@@ -187,38 +187,45 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", nargs="+", type=float, default=[1e6, 3e6])
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--extra-workers", nargs="*", type=int, default=[1],
+    ap.add_argument("--extra-workers", nargs="*", type=int, default=[],
                     help="also run the smallest size with these worker counts (cost model in W)")
-    ap.add_argument("--memory-limit", default="400MB")
-    ap.add_argument("--part-rows", type=int, default=200_000)
+    ap.add_argument("--memory-limit", default="1GB")
+    ap.add_argument("--part-rows", type=int, default=250_000)
     ap.add_argument("--inmem-max", type=float, default=3e6)
     ap.add_argument("--data-dir", default="/tmp/vbsvm_dask_scale")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--measure", choices=["inmem", "dask"], help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
+    ap.add_argument("--persist", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--persist-max", type=float, default=1e6,
+                    help="also fit the sizes up to this with the partitions' designs persisted on the workers")
     args = ap.parse_args()
     if args.measure == "inmem":
         print(json.dumps(measure_inmem(Path(args.path))))
         return
     if args.measure == "dask":
-        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit)))
+        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist)))
         return
     results = []
     for rows in map(int, args.rows):
         path = Path(args.data_dir) / f"rows_{rows}"
         make_parquet(path, rows, args.part_rows)
         common = ["--path", str(path), "--memory-limit", args.memory_limit]
-        for w in [args.workers] + ([x for x in args.extra_workers if x != args.workers] if rows == min(map(int, args.rows)) else []):
-            r = run_child(["--measure", "dask", "--workers", str(w), *common])
+        todo = [(args.workers, False)] + [(w, False) for w in args.extra_workers if w != args.workers
+                                          and rows == min(map(int, args.rows))]
+        if rows <= args.persist_max:
+            todo.append((args.workers, True))
+        for w, persist in todo:
+            r = run_child(["--measure", "dask", "--workers", str(w), *common] + (["--persist"] if persist else []))
             print(json.dumps({k: v for k, v in r.items() if k not in ("coef", "sd")}), flush=True)
             results.append(r)
         if rows <= args.inmem_max:
             r = run_child(["--measure", "inmem", *common])
             print(json.dumps({k: v for k, v in r.items() if k not in ("coef", "sd")}), flush=True)
             results.append(r)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    write_report(results, out, args)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_report(results, out, args)  # after every size, so that a long run leaves its results
 
 
 if __name__ == "__main__":

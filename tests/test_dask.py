@@ -155,3 +155,12 @@ def test_gp_svi_from_dask_matches_in_memory(client):
         vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=2), method="vb", n_inducing=10)
     with pytest.raises(InputError, match="newdata"):
         fit.predict()
+
+
+def test_random_slopes_equal_in_memory(client, frame):
+    formula = "y ~ x1 + x2 + (1 + x3 | site)"
+    ref = vbsvm.svm(formula, frame, method="meanfield")
+    fit = vbsvm.svm(formula, dd.from_pandas(frame, npartitions=3), method="meanfield")
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert _rel(fit.ranef()["site"]["sd"], ref.ranef()["site"]["sd"]) < 1e-8
