@@ -64,15 +64,18 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
         tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
         sigma2_mu=1e8, Psi=0.01, nu=3.0, re_df=None, re_scale=None, checkpoint=None,
-        imputation="conditional"):
+        imputation="conditional", persist="auto"):
     """Fit a linear Bayesian support vector machine from a formula.
 
     Parameters
     ----------
     formula : str
         R-style formula, e.g. ``"y ~ x1 + C(sex) + (1 | patient_id)"`` or ``"y ~ ."``.
-    data : pandas.DataFrame
-        The data (never modified).
+    data : pandas.DataFrame or dask.dataframe.DataFrame
+        The data (never modified). A Dask DataFrame (``pip install "vbsvm[dask]"``) is fitted
+        out of core / on a cluster by ``method="meanfield"``, each sweep a map-reduce over its
+        partitions, with the in-memory fit's result (:mod:`vbsvm.dask_backend`); the other methods,
+        ``prior`` and ``missing="impute"`` are refused there with a message.
     method : {"vb", "meanfield", "gibbs", "map"}
         ``"vb"``: the calibrated fast approximation — expectation propagation on the hinge
         pseudo-likelihood integrated over a grid of the variance parameters
@@ -144,6 +147,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         term with q > 1 columns (``(1 + x | g)``); defaults ``q + 1`` (uniform marginal prior of
         each correlation) and ``2 B_u I`` (each variance's marginal prior ``IG(1, B_u)``). In the
         units of the term's columns, which enter unstandardized (as in lme4).
+    persist : {"auto", True, False}
+        Dask DataFrames only: keep each partition's design on the workers between passes (True),
+        re-read the partitions on every pass (False: memory flat in n, e.g. Parquet larger than
+        the workers' memory), or persist when the design takes less than half of the workers'
+        memory limit ("auto").
 
     Returns
     -------
@@ -161,6 +169,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                     re_df=None if re_df is None else _positive_float(re_df, "re_df"),
                     checkpoint=None if checkpoint is None else str(checkpoint),
                     re_scale=None if re_scale is None else np.asarray(re_scale, dtype=float).tolist())
+    if _is_dask_frame(data):
+        from .dask_backend import svm_dask
+
+        return svm_dask(formula, data, settings, prior=prior, persist=persist)
     design = build_design(formula, data, standardize=standardize, missing=missing)
     _check_re_prior(design, settings, prior)
     warn_about_data(design, separability=settings["penalty"] is None)
@@ -186,6 +198,12 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                        for s in range(0, design.n, step)])
     fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
     return fit
+
+
+def _is_dask_frame(data) -> bool:
+    from .dask_backend import is_dask_frame
+
+    return is_dask_frame(data)
 
 
 def _check_re_prior(design, settings, prior):

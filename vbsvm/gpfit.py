@@ -137,8 +137,15 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
         raise InputError(f"tune must be a non-negative integer, got {tune!r}")
     rng = np.random.default_rng(seed)
-    streaming = callable(X)
-    if streaming:
+    dask_source = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.dask_backend.DaskBatches
+    streaming = callable(X) or dask_source
+    if dask_source:
+        if method != "svi":
+            raise InputError(f"a Dask DataFrame needs method='svi' (minibatches streamed from its partitions); "
+                             f"method={method!r} would hold every row in memory: fit a pandas frame instead.")
+        Xk, yk = X.sample(rng, max(monitor_size, 20 * (64 if n_inducing is None else int(n_inducing))))
+        n, d = X.n, Xk.shape[1]
+    elif streaming:
         if method != "svi":
             raise InputError("streamed data (a callable data source) needs method='svi'")
         first = next(iter(X()))
@@ -205,7 +212,10 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                            optimize=optimize, optimize_inducing=optimize_inducing,
                            hyper_mask=mask)
         elif method == "svi":
-            if streaming:
+            if dask_source:
+                src = X.batches(batch_size or 100, rng)
+                mon = (Xk[:monitor_size], yk[:monitor_size])
+            elif streaming:
                 src = StreamBatches(X, n, batch_size or 100, rng)
                 mon = (Xk[:monitor_size], yk[:monitor_size])
             else:
@@ -262,10 +272,13 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     formula : str
         ``"y ~ ."`` or ``"y ~ x1 + np.log(x2) + C(g)"``; two-level response (0/1, False/True ->
         -1/+1; for strings the second sorted level is +1).
-    data : pandas.DataFrame or callable
+    data : pandas.DataFrame, dask.dataframe.DataFrame or callable
         The data, or for larger-than-memory data a callable returning a fresh iterator of
         DataFrame chunks (SVI only; the first chunk fixes the standardization, the columns and
-        the inducing points; one extra pass counts rows unless ``n_obs`` is given).
+        the inducing points; one extra pass counts rows unless ``n_obs`` is given), or a Dask
+        DataFrame (SVI only: the design is learned from all rows in two passes, then minibatches
+        are drawn from random partitions, random rows, memory independent of n; see
+        :class:`vbsvm.dask_backend.DaskBatches`).
     kernel : str or vbsvm.models.gp.Kernel
         ``"rbf"`` (default), ``"ard"`` (RBF with per-column lengthscales), ``"matern32"``,
         ``"matern52"`` (``"-ard"`` suffix for per-column lengthscales), ``"linear"``, sums
@@ -321,7 +334,15 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     """
     from vbsvm.design import build_design
 
-    if callable(data):
+    from vbsvm.dask_backend import is_dask_frame
+
+    if is_dask_frame(data):
+        from vbsvm.dask_backend import DaskBatches, learn_design
+
+        design = learn_design(formula, data, standardize=standardize, missing=missing)
+        cols, keep = _gp_columns(design)
+        X, y = DaskBatches(data, design, keep), None
+    elif callable(data):
         first = next(iter(data()))
         design = build_design(formula, first, standardize=standardize, missing=missing)
         cols, keep = _gp_columns(design)
@@ -571,10 +592,21 @@ class GPFit:
         normalization : {"probit", "paper"}
             ``"paper"`` reproduces eq. (13) as printed (Phi(m / (1 + v))).
         """
+        from vbsvm.dask_backend import DaskDesign, is_dask_frame, lazy_predictions
+
         if newdata is None:
             if self.design is None or getattr(self.design, "raw", None) is None:
                 raise InputError("predict() without newdata needs a formula fit; pass newdata")
+            if isinstance(self.design, DaskDesign):
+                raise InputError("this fit was made from a Dask DataFrame and keeps no rows: pass newdata "
+                                 "(e.g. fit.predict(data), lazily evaluated for a Dask frame).")
             newdata = self.design.raw
+        if is_dask_frame(newdata):
+            if self.design is None or kind not in ("class", "prob", "score"):
+                raise InputError("predicting a Dask DataFrame needs a formula fit and kind 'class', 'prob' or "
+                                 f"'score'; got kind={kind!r}.")
+            return lazy_predictions(newdata, self.design, kind,
+                                    lambda frame: self.predict(frame, kind=kind, normalization=normalization))
         X, index = self._X(newdata)
         mean, var = self.predict_f(X)
         if kind == "score":

@@ -720,7 +720,6 @@ def fit_probit_calibration(m, s, y):
     of logistic regression's on 9 of 13 sets there (a scale and a shift: 10 of 13); the shift is
     left out so that ``P(y = +1) > 1/2`` exactly where the predicted class is +1.
     """
-    from scipy.optimize import minimize_scalar
     from scipy.special import log_ndtr
 
     m, s, y = (np.asarray(v, dtype=float) for v in (m, np.nan_to_num(s), y))
@@ -728,6 +727,15 @@ def fit_probit_calibration(m, s, y):
     def nll(log_a):
         a = math.exp(log_a)
         return -float(log_ndtr(y * a * m / np.sqrt(1.0 + (a * s) ** 2)).sum())
+
+    return calibration_scale(nll)
+
+
+def calibration_scale(nll):
+    """``(a, 0.0)`` minimizing ``nll(log a)`` over ``a`` in [1e-3, 1e3] (the search of
+    :func:`fit_probit_calibration`, shared with fits whose rows are summed elsewhere, e.g. over the
+    partitions of a Dask frame); ``a = 1`` if the search fails."""
+    from scipy.optimize import minimize_scalar
 
     res = minimize_scalar(nll, bounds=(math.log(1e-3), math.log(1e3)), method="bounded")
     return (float(math.exp(res.x)) if res.success and np.isfinite(res.x) else 1.0), 0.0

@@ -95,6 +95,17 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
         return _coordinate_ascent(model, tol, max_iter, accelerate, state)
 
 
+def _extrapolation_norms(model, r, v):
+    """``(||r||, ||v||, all of v finite)`` of the SQUAREM differences. A model whose state does not
+    live in one array (its per-row part on the partitions of a Dask frame,
+    :mod:`vbsvm.dask_backend`) supplies ``vb_state_norms(r, v)``, which computes all three in
+    one pass over the data."""
+    hook = getattr(model, "vb_state_norms", None)
+    if hook is not None:
+        return hook(r, v)
+    return np.linalg.norm(r), np.linalg.norm(v), bool(np.all(np.isfinite(v)))
+
+
 def _coordinate_ascent(model, tol, max_iter, accelerate, state):
     start = time.perf_counter()
     x = model.vb_initial_state() if state is None else np.asarray(state, dtype=float)
@@ -117,9 +128,9 @@ def _coordinate_ascent(model, tol, max_iter, accelerate, state):
                 candidate = (x2, q2, e2)
                 r = x1 - x
                 v = x2 - x1 - r
-                nv = np.linalg.norm(v)
-                if nv > 0 and np.all(np.isfinite(v)):
-                    step = -np.linalg.norm(r) / nv
+                nr, nv, finite = _extrapolation_norms(model, r, v)
+                if nv > 0 and finite:
+                    step = -nr / nv
                     while step < -1.0 and sweeps < max_iter:
                         proposal = x - 2.0 * step * r + step * step * v
                         with np.errstate(all="ignore"):

@@ -726,26 +726,45 @@ class LinearSVMModel:
         """One pass of Algorithm 2 from ``state``; returns ``(new_state, q, elbo)``. Covariance
         components get ``q(Sigma) = IW(scale + sum_l E[b_l b_l^T], df + m)``."""
         chi, Bq, q_cov = self._unpack_state(state)
+        q = self.vb_update(Bq, q_cov, w=hinge.expected_inverse(chi))
+        mf, vf = q["theta"].linear_predictor()
+        chi_new = hinge.update_chi(self.y, mf, vf)
+        q.update(chi=chi_new, mean_f=mf, var_f=vf)
+        new_state = np.concatenate([np.log(chi_new), self.vb_global_state(q)])
+        return new_state, q, self.elbo(q)
+
+    def vb_update(self, Bq, q_cov, w=None, gram=None) -> dict:
+        """The row-free part of a sweep: ``q(theta)``, ``q(sigma^2)`` and ``q(Sigma)`` from the
+        current ``B_q`` and IW factors and either the weights ``w`` (n,) or a precomputed
+        :class:`WorkingGram` ``gram`` of them (e.g. summed over the partitions of a data set that
+        is not in memory, :mod:`vbsvm.dask_backend`). Returns q without the per-row entries."""
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
         Aq = self.A + sizes / 2.0
-        w = hinge.expected_inverse(chi)
-        post = self.coefficient_posterior(w, self.prior_precision(Aq / Bq),
-                                          self.prior_blocks([qc.mean_inv() for qc in q_cov]))
+        tau = self.prior_precision(Aq / Bq)
+        blocks = self.prior_blocks([qc.mean_inv() for qc in q_cov])
+        if gram is None:
+            post = self.coefficient_posterior(w, tau, blocks)
+        else:
+            post = CoefficientPosterior(self, None, tau, None, blocks=blocks, gram=gram)
         mean = post.mean
         dcov = post.diag_cov()
-        mf, vf = post.linear_predictor()
-        chi_new = hinge.update_chi(self.y, mf, vf)
         q_var = self.variance_posterior(self.second_moments(mean, dcov))
         scatters, q_cov = self.vb_covariances(post, mean)
-        q = {"theta": post, "theta_mean": mean, "theta_var": dcov, "chi": chi_new,
-             "variances": q_var, "covariances": q_cov, "scatters": scatters, "mean_f": mf, "var_f": vf}
-        new_state = np.concatenate([np.log(chi_new), np.log(q_var.b), self.pack_covariances(q_cov)])
-        return new_state, q, self.elbo(q)
+        return {"theta": post, "theta_mean": mean, "theta_var": dcov, "variances": q_var,
+                "covariances": q_cov, "scatters": scatters}
+
+    def vb_global_state(self, q) -> np.ndarray:
+        """The row-free part of the state vector of ``q``: ``(log B_q, packed IW scales)``."""
+        return np.concatenate([np.log(np.atleast_1d(q["variances"].b)), self.pack_covariances(q["covariances"])])
 
     def elbo(self, q) -> float:
         """Full evidence lower bound (all constants) of a complete q."""
+        return self.elbo_prior(q, hinge.elbo(self.y, q["mean_f"], q["var_f"], q["chi"]))
+
+    def elbo_prior(self, q, value=0.0) -> float:
+        """``value`` (the hinge terms, :func:`hinge.elbo`, summed over the rows) plus the ELBO's
+        terms that involve no row: coefficient prior and entropy, variances and covariances."""
         mean, dcov = q["theta_mean"], q["theta_var"]
-        value = hinge.elbo(self.y, q["mean_f"], q["var_f"], q["chi"])
         qv = q["variances"]
         diag = self._diagonal_prior
         e_tau = self.prior_precision(np.atleast_1d(qv.mean_inv()))[diag]

@@ -1,0 +1,166 @@
+"""Fits from Dask DataFrames (vbsvm.dask_backend): equal to the in-memory fits, lazily predicted,
+and clear refusals for what is not map-reduced."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+dd = pytest.importorskip("dask.dataframe")
+distributed = pytest.importorskip("distributed")
+
+import vbsvm  # noqa: E402
+from vbsvm.exceptions import InputError  # noqa: E402
+
+N = 2500
+
+
+@pytest.fixture(scope="module")
+def client():
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def frame():
+    rng = np.random.default_rng(7)
+    df = pd.DataFrame(rng.standard_normal((N, 4)) * [1.0, 3.0, 0.5, 10.0] + [0.0, 5.0, -2.0, 100.0],
+                      columns=["x1", "x2", "x3", "x4"])
+    df["site"] = rng.choice([f"s{i:02d}" for i in range(15)], N)
+    df["sex"] = rng.choice(["m", "f"], N)
+    u = rng.normal(0, 0.8, 15)[df["site"].str[1:].astype(int)]
+    f = df.x1 - 0.3 * (df.x2 - 5) + 0.8 * (df.sex == "m") + u + rng.standard_normal(N)
+    df["y"] = np.where(f > 0, "yes", "no")
+    return df
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+
+
+CASES = [
+    ("y ~ x1 + x2 + x3 + x4 + C(sex)", "auto"),
+    ("y ~ x1 + x2 + x3 + x4", 0.5),
+    ("y ~ x1 + x2 + C(sex)", None),
+    ("y ~ x1 + x2 + x3 + (1 | site)", "auto"),
+]
+
+
+@pytest.mark.parametrize("formula,penalty", CASES)
+@pytest.mark.parametrize("npartitions", [1, 2, 7])
+def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions):
+    ref = vbsvm.svm(formula, frame, method="meanfield", penalty=penalty)
+    data = dd.from_pandas(frame, npartitions=npartitions)
+    fit = vbsvm.svm(formula, data, method="meanfield", penalty=penalty)
+    assert fit.info["converged"] and fit.n_obs == N
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    for name, table in ref.ranef().items():
+        assert _rel(fit.ranef()[name]["mean"], table["mean"]) < 1e-8
+        assert _rel(fit.ranef()[name]["sd"], table["sd"]) < 1e-8
+    if penalty == "auto" or ref.layout.groups:
+        vc_ref, vc = ref.varcomp(), fit.varcomp()
+        assert _rel(vc["mean"], vc_ref["mean"]) < 1e-8
+    assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
+    np.testing.assert_allclose(fit.info["prob_calibration"], ref.info["prob_calibration"], rtol=1e-6)
+    assert "Intercept" in fit.summary().as_text()
+
+
+def test_streamed_and_persisted_agree(client, frame):
+    data = dd.from_pandas(frame, npartitions=3)
+    a = vbsvm.svm("y ~ x1 + x2 + (1 | site)", data, method="meanfield", persist=False)
+    b = vbsvm.svm("y ~ x1 + x2 + (1 | site)", data, method="meanfield", persist=True)
+    assert not a.info["persisted"] and b.info["persisted"]
+    assert _rel(a.coef["mean"], b.coef["mean"]) < 1e-10
+
+
+def test_missing_rows_dropped_as_in_memory(client, frame):
+    df = frame.copy()
+    df.loc[df.index[::37], "x2"] = np.nan
+    ref = vbsvm.svm("y ~ x1 + x2", df, method="meanfield")
+    fit = vbsvm.svm("y ~ x1 + x2", dd.from_pandas(df, npartitions=4), method="meanfield")
+    assert fit.design.n_dropped == ref.design.n_dropped > 0 and fit.n_obs == ref.n_obs
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    with pytest.raises(InputError, match="missing='drop'"):
+        vbsvm.svm("y ~ x1 + x2", dd.from_pandas(df, npartitions=4), method="meanfield", missing="raise")
+
+
+@pytest.mark.parametrize("kind", ["class", "prob", "score", "prob_positive"])
+def test_predict_is_lazy_and_equal(client, frame, kind):
+    formula = "y ~ x1 + x2 + C(sex) + (1 | site)"
+    ref = vbsvm.svm(formula, frame, method="meanfield")
+    fit = vbsvm.svm(formula, dd.from_pandas(frame, npartitions=2), method="meanfield")
+    new = frame.iloc[:700]
+    lazy = fit.predict(dd.from_pandas(new, npartitions=3), kind=kind)
+    assert isinstance(lazy, (dd.Series, dd.DataFrame))
+    got, want = lazy.compute(), ref.predict(new, kind=kind)
+    assert got.index.equals(want.index)
+    if kind == "class":
+        assert (got == want).all()
+    else:
+        np.testing.assert_allclose(np.asarray(got, float), np.asarray(want, float), rtol=1e-6, atol=1e-10)
+    # a pandas frame gives the pandas result
+    pd.testing.assert_series_equal(fit.predict(new, kind="class"), ref.predict(new, kind="class"))
+
+
+def test_refusals(client, frame):
+    data = dd.from_pandas(frame, npartitions=2)
+    with pytest.raises(InputError, match=r"passes.*meanfield"):
+        vbsvm.svm("y ~ x1", data, method="gibbs", draws=500, tune=500, chains=2)
+    with pytest.raises(InputError, match="method='meanfield'"):
+        vbsvm.svm("y ~ x1", data)  # the default calibrated VB is never silently replaced
+    with pytest.raises(InputError, match="method='meanfield'"):
+        vbsvm.svm("y ~ x1", data, method="map")
+    with pytest.raises(InputError, match="missing='drop'"):
+        vbsvm.svm("y ~ x1", data, method="meanfield", missing="impute")
+    with pytest.raises(InputError, match="LaplaceZero"):
+        vbsvm.svm("y ~ x1", data, method="meanfield", prior=vbsvm.LaplaceZero())
+    with pytest.raises(InputError, match="persist"):
+        vbsvm.svm("y ~ x1", data, method="meanfield", persist="sometimes")
+    with pytest.raises(InputError, match="transform"):
+        vbsvm.svm("y ~ center(x1)", data, method="meanfield")
+    fit = vbsvm.svm("y ~ x1", data, method="meanfield")
+    with pytest.raises(InputError, match="newdata"):
+        fit.predict()
+    with pytest.raises(InputError, match="Dask"):
+        fit.save("never_written.nc")
+
+
+def _gp_frame(rng, n):
+    X = rng.uniform(-2, 2, (n, 2))
+    f = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 - 1.2
+    return pd.DataFrame({"x1": X[:, 0], "x2": X[:, 1],
+                         "y": np.where(f + 0.4 * rng.standard_normal(n) > 0, "a", "b")})
+
+
+def test_gp_svi_from_dask_matches_in_memory(client):
+    rng = np.random.default_rng(3)
+    train, test = _gp_frame(rng, 8000), _gp_frame(rng, 8000)
+    kw = dict(n_inducing=24, seed=5, progress=False, max_iter=4000)
+    with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
+        ref = vbsvm.gpsvm("y ~ x1 + x2", train, **kw)
+    with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
+        fit = vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=5), **kw)
+    assert fit.n_obs == len(train)
+    lazy = fit.predict(dd.from_pandas(test, npartitions=3))
+    assert isinstance(lazy, dd.Series)
+    err_ref = float(np.mean(ref.predict(test) != test.y))
+    err = float(np.mean(lazy.compute() != test.y))
+    assert abs(err - err_ref) < 0.005
+    # same seed, same stream, same fit
+    again = vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=5), **kw)
+    np.testing.assert_array_equal(again.predict(test, kind="prob"), fit.predict(test, kind="prob"))
+    with pytest.raises(InputError, match="method='svi'"):
+        vbsvm.gpsvm("y ~ x1 + x2", dd.from_pandas(train, npartitions=2), method="vb", n_inducing=10)
+    with pytest.raises(InputError, match="newdata"):
+        fit.predict()
+
+
+def test_random_slopes_equal_in_memory(client, frame):
+    formula = "y ~ x1 + x2 + (1 + x3 | site)"
+    ref = vbsvm.svm(formula, frame, method="meanfield")
+    fit = vbsvm.svm(formula, dd.from_pandas(frame, npartitions=3), method="meanfield")
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert _rel(fit.ranef()["site"]["sd"], ref.ranef()["site"]["sd"]) < 1e-8

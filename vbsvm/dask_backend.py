@@ -1,0 +1,860 @@
+r"""Linear Bayesian SVM by mean-field VB on a Dask DataFrame: one map-reduce over the partitions
+per pass, the small q broadcast, the same algebra and the same answer as the in-memory fit.
+
+``vbsvm.svm(formula, data=<dask.dataframe.DataFrame>, method="meanfield")`` lands here (Dask is
+an optional extra, ``pip install "vbsvm[dask]"``; it is imported only when a Dask frame is passed).
+
+Design spec. The in-memory design (:func:`vbsvm.design.build_design`) learns from the data the
+response levels, the levels of every categorical column and grouping factor, and the
+standardization constants. Here the levels come from one Dask pass (distinct values of every
+non-numeric column, the response and the grouping columns; minimum and maximum of the numeric
+ones). A small prototype frame holding all of them (and the first rows of the data) goes through
+the ordinary :func:`~vbsvm.design.build_design`, which fixes formulaic's encoding, the column
+names and the random-effect levels exactly as the full data would. The centring and scaling
+constants (mean and sd with ``ddof=1`` of each design column over the complete rows) are a second
+pass: per partition the count, mean, sum of squared deviations and largest absolute value,
+combined by Chan's parallel formulas (no cancellation). Each partition's design is then
+``Design.new_X`` / ``Design.new_random_effects`` of its rows, i.e. the in-memory design's rows.
+
+Sweeps. Mean-field VB (:meth:`vbsvm.models.linear.LinearSVMModel.vb_sweep`) needs from the rows
+only sums: with ``w_i = E[1/a_i] = chi_i^{-1/2}`` and ``r_i = y_i (1 + w_i)``, the
+:class:`~vbsvm.models.linear.WorkingGram` ``A = C_d' W C_d``, ``b_d = C_d' r`` and, for the
+random-effect term eliminated by the Schur complement, the per-level blocks ``D_l``, ``G_l``,
+``b_l``; and, for the ELBO, the sum over rows of the hinge terms. Both are sums over partitions
+(a tree reduction on the cluster). Everything else — ``q(theta)``, ``q(sigma^2)``, ``q(Sigma)``,
+the prior terms of the ELBO — is computed on the client by the model's own
+:meth:`~vbsvm.models.linear.LinearSVMModel.vb_update` and
+:meth:`~vbsvm.models.linear.LinearSVMModel.elbo_prior` from the reduced statistics, so the algebra
+exists once.
+
+No per-row state is stored. The in-memory engine carries ``log chi`` (one number per row) in its
+state vector, and SQUAREM (:mod:`vbsvm.inference.vb`) extrapolates it. But ``chi_i`` after a sweep
+is a function of that sweep's ``q(theta)`` and row i only, ``chi_i = (1 - y_i m_i)^2 + v_i`` with
+``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part of a state is kept as an
+expression — a sweep's posterior, or SQUAREM's ``x - 2 s r + s^2 v`` of such — and evaluated row
+by row inside each partition task, with the same floating-point operations as the in-memory
+arrays. The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
+states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). Worker
+memory is a partition's design, independent of n; the client holds q.
+
+Why the result is the in-memory fit: every sweep computes the same sums (only their order of
+summation differs, ~1e-16 relative), the same per-row values and the same client-side updates, so
+the iterates, the accepted SQUAREM steps and the stopping sweep are the same; the tests check
+coefficients and sds to 1e-8 (relative) with 1, 2 and 7 partitions on a LocalCluster.
+
+Passes over the data: two per sweep (the statistics given the current state; the ELBO of the new
+q), one more per SQUAREM step (the norms). Partitions are re-read on every pass (streamed, e.g.
+from Parquet: memory flat in n) unless ``persist`` keeps each partition's design on the workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from .exceptions import InputError, InputTypeError
+from .models import hinge
+from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision
+
+__all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskDesign", "DaskLinearModel", "DaskFit"]
+
+#: distinct values above which a non-numeric column is not treated as a factor (its levels are
+#: collected on the client)
+MAX_LEVELS = 100_000
+
+
+def is_dask_frame(data) -> bool:
+    """Whether ``data`` is a Dask DataFrame (checked without importing Dask)."""
+    module = type(data).__module__ or ""
+    return module.split(".")[0] in ("dask", "dask_expr") and hasattr(data, "npartitions") \
+        and hasattr(data, "to_delayed") and hasattr(data, "columns")
+
+
+def _dask():
+    try:
+        import dask
+        import dask.dataframe  # noqa: F401
+    except ImportError:  # pragma: no cover - is_dask_frame already saw a Dask object
+        raise InputError('fitting a Dask DataFrame needs Dask: pip install "vbsvm[dask]".') from None
+    return dask
+
+
+def _tree_reduce(items, combine, fan_in=8):
+    """Delayed sum of ``items`` by a fixed tree (the order of summation does not depend on the
+    scheduler, so refits give identical numbers)."""
+    dask = _dask()
+    items = list(items)
+    while len(items) > 1:
+        items = [dask.delayed(combine)(*items[i:i + fan_in]) for i in range(0, len(items), fan_in)]
+    return items[0]
+
+
+# ============================================================================ the design spec
+class DaskDesign:
+    """Marker base; the real class is built by :func:`_design_class` on top of
+    :class:`vbsvm.design.Design` (kept out of import time of :mod:`vbsvm.design`)."""
+
+
+def _design_class():
+    from dataclasses import dataclass
+
+    from .design import Design
+
+    @dataclass
+    class _DaskDesign(Design, DaskDesign):
+        """A :class:`~vbsvm.design.Design` learned from a Dask frame: no rows (``X``, ``y`` empty);
+        ``raw`` is a small prototype frame holding every level of the data's categorical and
+        grouping columns (what :meth:`new_X` checks new levels against); ``n_rows`` the rows used."""
+
+        n_rows: int = 0
+
+        @property
+        def n(self) -> int:
+            return self.n_rows
+
+    return _DaskDesign
+
+
+def _numeric(dtype) -> bool:
+    return pd.api.types.is_numeric_dtype(dtype) and not pd.api.types.is_bool_dtype(dtype)
+
+
+def learn_design(formula, data, *, standardize=True, missing="drop"):
+    """The design of ``formula`` on the Dask frame ``data``, learned in two passes.
+
+    Parameters
+    ----------
+    formula : str
+    data : dask.dataframe.DataFrame
+    standardize : bool
+    missing : {"drop", "raise"}
+
+    Returns
+    -------
+    design : Design
+        A :class:`~vbsvm.design.Design` without rows (see the module docstring); ``design.n`` is
+        the number of complete rows.
+    """
+    from .design import _split_formula, build_design
+
+    dask = _dask()
+    from .design import MISSING_ACTIONS
+
+    if missing not in MISSING_ACTIONS:
+        raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
+    if missing not in ("drop", "raise"):
+        raise InputError(f"missing={missing!r} is not available for a Dask DataFrame: use missing='drop' "
+                         "(incomplete rows are removed) or missing='raise'; to impute, fit a pandas frame.")
+    if data.npartitions < 1:
+        raise InputError("data (a Dask DataFrame) has no partitions; pass a frame with rows.")
+    response, _, re_terms = _split_formula(formula)
+    columns = [str(c) for c in data.columns]
+    groups = list(dict.fromkeys(c for term in re_terms for c in term[1]))
+    for name, what in [(response, "response")] + [(g, "grouping column") for g in groups]:
+        if name not in columns:
+            raise InputError(f"{what} {name!r} in the formula is not a column of data; the columns are "
+                             f"{columns[:20]}.")
+    dtypes = data.dtypes
+    level_cols = [c for c in columns if c == response or c in groups or not _numeric(dtypes[c])]
+    numeric_cols = [c for c in columns if c not in level_cols]
+    # pass 1: the rows, the levels (distinct values per partition, merged by a tree: no shuffle),
+    # the numeric ranges
+    scans = [dask.delayed(_scan)(p, response, level_cols, numeric_cols) for p in data.to_delayed()]
+    got = dask.compute(_tree_reduce(scans, _merge_scans))[0]
+    if int(got["n"]) == 0:
+        raise InputError("data has no rows; pass a non-empty Dask DataFrame.")
+    if int(got["y_missing"]):
+        raise InputError(f"the response {response!r} has {int(got['y_missing'])} missing value(s); vbsvm never "
+                         f"imputes the response: drop those rows first (data.dropna(subset=[{response!r}])).")
+    levels = {}
+    for c in level_cols:
+        values = pd.Series(got["levels"][c]).drop_duplicates()
+        if len(values) > MAX_LEVELS:
+            raise InputError(f"column {c!r} has more than {MAX_LEVELS} distinct values; a Dask fit treats "
+                             "non-numeric columns and grouping columns as factors: recode it (or drop it "
+                             "from the formula).")
+        levels[c] = values.tolist()
+    prototype = _prototype(data, levels, got.get("min"), got.get("max"), numeric_cols)
+    design = build_design(formula, prototype, standardize=standardize, missing=missing)
+    for g in design.groups:
+        if len(g.factor) > 1:
+            raise InputError(f"the random-effect term ({g.lhs} | {':'.join(g.factor)}) groups by an interaction "
+                             "of columns; for a Dask frame build the combined column first "
+                             "(data.assign(ab=data.a.astype(str) + ':' + data.b.astype(str))) and use (1 | ab).")
+    state = getattr(design.spec, "transform_state", None)
+    if state:
+        raise InputError(f"the formula {formula!r} uses a transform that learns from the data "
+                         f"({', '.join(map(str, state))}, e.g. center(), scale(), bs(), poly()); a Dask fit "
+                         "cannot learn it in one pass: compute the column beforehand with Dask.")
+    # pass 2: the standardization constants over the complete rows
+    used = list(design.raw.columns)
+    spec = _DesignSpec(design, None)
+    parts = data[used].to_delayed()
+    total = dask.compute(_tree_reduce([dask.delayed(_column_moments)(p, spec) for p in parts],
+                                      _combine_moments))[0]
+    count, mean, m2, top, n_dropped, n_incomplete = total
+    if missing == "raise" and n_incomplete:
+        raise InputError(f"{n_incomplete} row(s) have missing values in predictor or grouping columns; use "
+                         "missing='drop' to remove incomplete rows (or drop them with Dask first).")
+    if count == 0:
+        raise InputError("no complete rows remain after removing rows with missing values; fill or drop the "
+                         "mostly-missing column(s).")
+    center = np.zeros(design.p)
+    scale = np.ones(design.p)
+    for j, name in enumerate(design.column_names):
+        if name == "Intercept":
+            continue
+        sd = math.sqrt(m2[j] / (count - 1)) if count > 1 else 0.0
+        if not sd > 0:
+            raise InputError(f"design column {name!r} is constant ({mean[j]}); it carries no information and "
+                             "is not identified with an intercept: remove it from the formula.")
+        if standardize:
+            center[j] = mean[j] if design.has_intercept else 0.0
+            scale[j] = sd
+    fields = {k: getattr(design, k) for k in design.__dataclass_fields__}
+    fields.update(center=center, scale=scale, n_dropped=int(n_dropped), n_rows=int(count),
+                  y=np.zeros(0), X=np.zeros((0, design.p)), missing_mask=np.zeros((0, design.p), bool),
+                  row_labels=pd.RangeIndex(0))
+    for g in design.groups:
+        g.codes, g.Z = np.zeros(0, np.int64), None
+    return _design_class()(**fields)
+
+
+def _scan(frame, response, level_cols, numeric_cols) -> dict:
+    """Rows, missing responses, distinct values of ``level_cols``, range of ``numeric_cols``."""
+    num = frame[numeric_cols]
+    return {"n": len(frame), "y_missing": int(frame[response].isna().sum()),
+            "levels": {c: frame[c].dropna().drop_duplicates() for c in level_cols},
+            "min": num.min(), "max": num.max()}
+
+
+def _merge_scans(*parts) -> dict:
+    return {"n": sum(p["n"] for p in parts), "y_missing": sum(p["y_missing"] for p in parts),
+            "levels": {c: pd.concat([p["levels"][c] for p in parts]).drop_duplicates() for c in parts[0]["levels"]},
+            "min": pd.concat([p["min"] for p in parts], axis=1).min(axis=1),
+            "max": pd.concat([p["max"] for p in parts], axis=1).max(axis=1)}
+
+
+def _prototype(data, levels, mins, maxs, numeric_cols) -> pd.DataFrame:
+    """A small frame with the dtypes of ``data``, every level of its level columns and each
+    numeric column's minimum, maximum and midpoint, after the first rows of the data."""
+    head = data.partitions[0].head(64).dropna()
+    size = max([3] + [len(v) for v in levels.values()])
+    cols = {}
+    for c in data.columns:
+        c = str(c)
+        dtype = data.dtypes[c]
+        if c in levels:
+            values = np.resize(np.array(levels[c] or [np.nan], dtype=object), size)
+            if isinstance(dtype, pd.CategoricalDtype):
+                known = dtype.categories if getattr(data[c].cat, "known", True) else pd.Index(sorted(levels[c], key=str))
+                cols[c] = pd.Categorical(values, categories=known, ordered=dtype.ordered)
+            elif pd.api.types.is_bool_dtype(dtype):
+                cols[c] = pd.Series(values.astype(bool), dtype=dtype)
+            else:
+                cols[c] = pd.Series(values, dtype=dtype if _numeric(dtype) else head[c].dtype)
+        elif c in numeric_cols:
+            lo, hi = float(mins[c]), float(maxs[c])
+            cols[c] = pd.Series(np.resize([lo, hi, lo + (hi - lo) / 2.0], size)).astype(dtype, errors="ignore")
+        else:
+            cols[c] = pd.Series(np.resize(head[c].to_numpy(), size) if len(head) else [None] * size)
+    synthetic = pd.DataFrame(cols)
+    frame = pd.concat([head.reset_index(drop=True), synthetic], ignore_index=True)
+    for c in frame.columns:  # concat may upcast; keep the dtypes of the data
+        if frame[c].dtype != data.dtypes[c] and not isinstance(data.dtypes[c], pd.CategoricalDtype):
+            try:
+                frame[c] = frame[c].astype(data.dtypes[c])
+            except (TypeError, ValueError):
+                pass
+    return frame
+
+
+class _DesignSpec:
+    """What a partition task needs to build its rows: the design and the model's priors."""
+
+    def __init__(self, design, settings):
+        self.design = design
+        self.settings = settings
+
+    def rows(self, frame: pd.DataFrame):
+        """``(complete rows, rows dropped)`` of a raw partition."""
+        incomplete = self.design.incomplete_rows(frame)
+        n_bad = int(incomplete.sum())
+        return (frame.loc[~incomplete] if n_bad else frame), n_bad
+
+    def model(self, frame: pd.DataFrame):
+        """The partition's :class:`LinearSVMModel` (its rows of the in-memory model), or None."""
+        if isinstance(frame, LinearSVMModel) or frame is None:
+            return frame
+        d, s = self.design, self.settings
+        rows, _ = self.rows(frame)
+        if len(rows) == 0:
+            return None
+        X = d.new_X(rows)
+        y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
+        groups = [(codes, g.n_levels, g.name, Z)
+                  for g, (codes, Z) in zip(d.groups, d.new_random_effects(rows, new_levels="error"))]
+        return LinearSVMModel(X, y, groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
+                              A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
+                              intercept=d.column_names.index("Intercept") if d.has_intercept else None)
+
+
+def _column_moments(frame, spec):
+    rows, n_bad = spec.rows(frame)
+    X = spec.design.new_X(rows, standardized=False)
+    n = X.shape[0]
+    if n == 0:
+        z = np.zeros(X.shape[1])
+        return 0, z, z.copy(), z.copy(), n_bad, n_bad
+    mean = X.mean(axis=0)
+    return n, mean, ((X - mean) ** 2).sum(axis=0), np.abs(X).max(axis=0), n_bad, n_bad
+
+
+def _combine_moments(*parts):
+    """Chan, Golub & LeVeque's pairwise update of counts, means and sums of squared deviations."""
+    n, mean, m2, top, bad, inc = parts[0]
+    mean, m2, top = mean.copy(), m2.copy(), top.copy()
+    for nb, mb, m2b, tb, badb, incb in parts[1:]:
+        if nb:
+            tot = n + nb
+            delta = mb - mean
+            mean = mean + delta * (nb / tot)
+            m2 = m2 + m2b + delta * delta * (n * nb / tot)
+            top = np.maximum(top, tb)
+            n = tot
+        bad, inc = bad + badb, inc + incb
+    return n, mean, m2, top, bad, inc
+
+
+# ============================================================================ the model
+class _Gram:
+    """A :class:`~vbsvm.models.linear.WorkingGram` summed over partitions."""
+
+    def __init__(self, A, bd, D=None, G=None, br=None):
+        self.A, self.bd = A, bd
+        if D is not None:
+            self.D, self.G = D, G
+        self.br = br
+
+
+def _gram_parts(g) -> tuple:
+    return (g.A, g.bd, getattr(g, "D", None), getattr(g, "G", None), g.br)
+
+
+def _sum_tuples(*parts):
+    out = list(parts[0])
+    for p in parts[1:]:
+        for k, v in enumerate(p):
+            out[k] = v if out[k] is None else (out[k] if v is None else out[k] + v)
+    return tuple(out)
+
+
+class DaskState:
+    """A VB state whose per-row part (``log chi``) is an expression of sweep posteriors,
+    evaluated inside the partition tasks (see the module docstring).
+
+    Supports what :func:`vbsvm.inference.vb.coordinate_ascent` does with states: ``+``, ``-`` and
+    multiplication by a number; ``glob`` is the row-free part (``log B_q``, packed IW scales).
+    """
+
+    __array_ufunc__ = None  # numpy scalars defer to __rmul__
+
+    def __init__(self, glob, rows):
+        self.glob = np.asarray(glob, dtype=float)
+        self.rows = rows
+
+    def __add__(self, other):
+        return DaskState(self.glob + other.glob, ("add", self.rows, other.rows))
+
+    def __sub__(self, other):
+        return DaskState(self.glob - other.glob, ("sub", self.rows, other.rows))
+
+    def __rmul__(self, c):
+        if not isinstance(c, numbers.Real):
+            return NotImplemented
+        return DaskState(c * self.glob, ("mul", float(c), self.rows))
+
+    __mul__ = __rmul__
+
+
+def _log_chi(post, part):
+    """``log chi`` of a partition's rows after the sweep that produced ``post``."""
+    p = copy.copy(post)
+    p.model = part
+    mf, vf = p.linear_predictor()
+    return np.log(hinge.update_chi(part.y, mf, vf))
+
+
+def _evaluate(expr, part, cache):
+    """Per-row values of a state expression on one partition (the in-memory arithmetic)."""
+    kind = expr[0]
+    if kind == "zero":
+        return np.zeros(part.n)
+    if kind == "post":
+        key = id(expr[1])
+        if key not in cache:
+            cache[key] = _log_chi(expr[1], part)
+        return cache[key]
+    if kind == "mul":
+        return expr[1] * _evaluate(expr[2], part, cache)
+    a, b = _evaluate(expr[1], part, cache), _evaluate(expr[2], part, cache)
+    return a + b if kind == "add" else a - b
+
+
+def _task_gram(src, spec, rows):
+    part = spec.model(src)
+    if part is None:
+        return None
+    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, {})))
+    return _gram_parts(WorkingGram(part, w, hinge.working_response(part.y, w)))
+
+
+def _task_elbo(src, spec, post):
+    part = spec.model(src)
+    if part is None:
+        return 0.0
+    p = copy.copy(post)
+    p.model = part
+    mf, vf = p.linear_predictor()
+    return hinge.elbo(part.y, mf, vf, hinge.update_chi(part.y, mf, vf))
+
+
+def _task_norms(src, spec, r, v):
+    part = spec.model(src)
+    if part is None:
+        return 0.0, 0.0, True
+    cache = {}
+    rv, vv = _evaluate(r, part, cache), _evaluate(v, part, cache)
+    return float(rv @ rv), float(vv @ vv), bool(np.all(np.isfinite(vv)))
+
+
+def _sum_gram(*parts):
+    parts = [p for p in parts if p is not None]
+    return _sum_tuples(*parts) if parts else None
+
+
+def _sum_norms(*parts):
+    return (sum(p[0] for p in parts), sum(p[1] for p in parts), all(p[2] for p in parts))
+
+
+def _sum_floats(*parts):
+    return float(sum(parts))
+
+
+class DaskLinearModel:
+    """The VB interface of :class:`~vbsvm.models.linear.LinearSVMModel` (``vb_initial_state``,
+    ``vb_sweep``, ``vb_state_norms``) over the partitions of a Dask frame.
+
+    Parameters
+    ----------
+    sources : list of dask.delayed.Delayed
+        One per partition: the raw partition frame, or its persisted
+        :class:`~vbsvm.models.linear.LinearSVMModel`.
+    spec : _DesignSpec
+        The design and the prior settings.
+    """
+
+    def __init__(self, sources, spec):
+        d, s = spec.design, spec.settings
+        self.sources, self.spec = sources, spec
+        dask = _dask()
+        self._spec = dask.delayed(spec, pure=False)
+        # the model without rows: it owns the layout, the priors and the row-free algebra
+        groups = [(np.zeros(0, np.int64), g.n_levels, g.name, np.zeros((0, g.q))) for g in d.groups]
+        self.skeleton = LinearSVMModel(
+            np.zeros((0, d.p)), np.zeros(0), groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
+            A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
+            intercept=d.column_names.index("Intercept") if d.has_intercept else None)
+        self.n = d.n
+        self.blas_work = 0.0  # the client's products are q-sized
+        self.passes = 0
+
+    def _reduce(self, task, combine, *args):
+        dask = _dask()
+        shared = [dask.delayed(a, pure=False) for a in args]
+        out = dask.compute(_tree_reduce([dask.delayed(task)(src, self._spec, *shared) for src in self.sources],
+                                        combine))[0]
+        self.passes += 1
+        return out
+
+    def vb_initial_state(self) -> DaskState:
+        return DaskState(self.skeleton.vb_initial_state(), ("zero",))
+
+    def vb_sweep(self, state: DaskState):
+        """One sweep of :meth:`LinearSVMModel.vb_sweep`: a pass for the working Gram given the
+        state, the update of q on the client, a pass for the hinge terms of the ELBO."""
+        _, Bq, q_cov = self.skeleton._unpack_state(state.glob)
+        A, bd, D, G, br = self._reduce(_task_gram, _sum_gram, state.rows)
+        q = self.skeleton.vb_update(Bq, q_cov, gram=_Gram(A, bd, D, G, br))
+        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"]))
+        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"])), q, value
+
+    def vb_state_norms(self, r: DaskState, v: DaskState):
+        """``(||r||, ||v||, v finite)`` of SQUAREM's differences, in one pass."""
+        rr, vv, finite = self._reduce(_task_norms, _sum_norms, r.rows, v.rows)
+        rr += float(r.glob @ r.glob)
+        vv += float(v.glob @ v.glob)
+        return math.sqrt(rr), math.sqrt(vv), finite and bool(np.all(np.isfinite(v.glob)))
+
+
+# ============================================================================ fit and predict
+def _refuse(settings, prior):
+    method, approx = settings["method"], settings.get("approximation")
+    if prior is not None:
+        raise InputError("prior=LaplaceZero(...) is not available for a Dask DataFrame yet; fit it on a pandas "
+                         "frame (or a sample), or drop prior= for the Gaussian penalty.")
+    if method == "gibbs":
+        s = settings
+        passes = s["chains"] * (s["tune"] + s["draws"] * s["thin"])
+        raise InputError(
+            f"method='gibbs' is not available for a Dask DataFrame: every Gibbs sweep is a full pass over the "
+            f"data, and this run needs chains x (tune + draws x thin) = {s['chains']} x ({s['tune']} + "
+            f"{s['draws']} x {s['thin']}) = {passes} passes (a useful run needs thousands). Use "
+            "method='meanfield' (tens of passes), or run Gibbs on a pandas sample of the data.")
+    if method == "vb" and approx == "calibrated":
+        raise InputError("method='vb' (the calibrated EP approximation, the default) is not available for a Dask "
+                         "DataFrame yet; pass method='meanfield' (mean-field VB, map-reduced over the partitions).")
+    if method == "map":
+        raise InputError("method='map' is not available for a Dask DataFrame yet; use method='meanfield'.")
+
+
+def _fit_settings_dask(settings, persist):
+    if persist not in ("auto", True, False):
+        raise InputError(f"persist must be 'auto', True or False; got {persist!r}.")
+    return persist
+
+
+def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
+    """:func:`vbsvm.svm` for a Dask DataFrame (mean-field VB); see the module docstring.
+
+    Parameters
+    ----------
+    formula : str
+    data : dask.dataframe.DataFrame
+    settings : dict
+        The checked settings of :func:`vbsvm.svm`.
+    prior : None
+        LaplaceZero is refused.
+    persist : {"auto", True, False}
+        Keep each partition's design on the workers between passes (True), re-read the partitions
+        on every pass (False, e.g. Parquet larger than the workers' memory), or decide from the
+        design's size and the workers' memory limits ("auto": persist if it takes less than
+        half of it; without a distributed client, persist if below 1 GB).
+
+    Returns
+    -------
+    DaskFit
+    """
+    from .api import APPROXIMATIONS, _random_effects_label
+    from .inference.failures import numerical_failures
+    from .inference.vb import coordinate_ascent
+    from .results import ThetaLayout
+
+    dask = _dask()
+    _refuse(settings, prior)
+    persist = _fit_settings_dask(settings, persist)
+    design = learn_design(formula, data, standardize=settings["standardize"], missing=settings["missing"])
+    _check_groups(design, settings)
+    spec = _DesignSpec(design, settings)
+    sources = data[list(design.raw.columns)].to_delayed()
+    width = design.p + sum(g.n_levels * g.q for g in design.groups) + 4
+    if persist == "auto":
+        persist = 8.0 * design.n * width < _memory_budget()
+    if persist:
+        models = [dask.delayed(spec.model)(s) for s in sources]
+        sources = list(dask.persist(*models))
+    model = DaskLinearModel(sources, spec)
+    layout = ThetaLayout.from_model(model.skeleton, design)
+    M = design.to_original(model.skeleton.qd)
+    info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
+            "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
+            "partitions": int(data.npartitions), "persisted": bool(persist)}
+    with numerical_failures("variational Bayes"):
+        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
+                                accelerate=settings["accelerate"])
+    sk = model.skeleton
+    post = res.q["theta"]
+    cov_d = M @ post.cov_dense() @ M.T
+    mean = post.mean
+    mean[: sk.qd] = M @ mean[: sk.qd]
+    var = post.diag_cov()
+    var[: sk.qd] = np.diag(cov_d)
+    posterior = {
+        "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
+        "theta_cov_ds": M @ post.cov_dense_sparse() if sk.m_sparse else np.zeros((sk.qd, 0)),
+        "var_shape": np.atleast_1d(res.q["variances"].a) if sk.variance_components else np.zeros(0),
+        "var_scale": np.atleast_1d(res.q["variances"].b) if sk.variance_components else np.zeros(0),
+        "elbo": res.elbo,
+    }
+    if sk.m_sparse:
+        posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
+    if sk.covariance_components:
+        posterior["cov_df"] = np.array([qc.df for qc in res.q["covariances"]])
+        posterior["cov_scale"] = np.concatenate([qc.scale.ravel() for qc in res.q["covariances"]])
+    info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
+                **res.info)
+    fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
+                       info=info)
+    fit.info["prob_calibration"] = list(_probit_calibration(fit, data[list(design.raw.columns)].to_delayed(), spec))
+    return fit
+
+
+def _check_groups(design, settings):
+    from .api import _check_re_prior
+
+    _check_re_prior(design, settings, None)
+
+
+def _memory_budget() -> float:
+    """Half the workers' total memory limit (bytes), or 1 GB without a distributed client."""
+    try:
+        from distributed import get_client
+
+        client = get_client()
+    except (ImportError, ValueError):
+        return 1e9
+    try:
+        workers = client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:  # older distributed
+        workers = client.scheduler_info()["workers"]
+    total = float(sum(w.get("memory_limit") or 0 for w in workers.values()))
+    return 0.5 * total if total > 0 else 1e9
+
+
+def _task_scores(frame, fit):
+    """``(y m, s)`` of the complete training rows of a partition (for the probit scale)."""
+    d = fit.design
+    rows = frame.loc[~d.incomplete_rows(frame)]
+    if len(rows) == 0:
+        return np.zeros(0), np.zeros(0)
+    score = fit.predict_score(rows, new_levels="zero")
+    y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
+    return y * score["mean"].to_numpy(), np.nan_to_num(score["sd"].to_numpy())
+
+
+def _task_nll(ms, a):
+    from scipy.special import log_ndtr
+
+    ym, s = ms
+    return -float(log_ndtr(a * ym / np.sqrt(1.0 + (a * s) ** 2)).sum())
+
+
+def _probit_calibration(fit, sources, spec):
+    """:func:`vbsvm.results.fit_probit_calibration` over the partitions: the scores of the
+    training rows are computed once and kept on the workers (16 bytes a row) while the
+    one-dimensional search sums the log likelihood over them; released afterwards."""
+    from .results import calibration_scale
+
+    dask = _dask()
+    light = _light_fit(fit)
+    shared = dask.delayed(light, pure=False)
+    scores = list(dask.persist(*[dask.delayed(_task_scores)(s, shared) for s in sources]))
+
+    def nll(log_a):
+        a = math.exp(log_a)
+        return dask.compute(_tree_reduce([dask.delayed(_task_nll)(s, a) for s in scores], _sum_floats))[0]
+
+    try:
+        return calibration_scale(nll)
+    finally:
+        del scores
+
+
+def _light_fit(fit):
+    """A copy of ``fit`` without its caches (what the partition tasks receive)."""
+    out = copy.copy(fit)
+    out._cache = {}
+    return out
+
+
+_FIT_CLASS = None
+
+
+def _fit_class():
+    """:class:`DaskFit`, built on :class:`vbsvm.results.Fit` at first use."""
+    global _FIT_CLASS
+    if _FIT_CLASS is None:
+        from .results import Fit
+
+        class DaskFit(Fit):
+            """A :class:`~vbsvm.results.Fit` from a Dask frame. It keeps no training rows:
+            :meth:`predict` needs ``newdata`` (a pandas frame gives pandas results, a Dask frame a
+            lazy Dask Series or DataFrame), and the fit cannot be saved or give pointwise log
+            likelihoods (both need the rows)."""
+
+            def predict(self, newdata=None, kind="class", new_levels="integrate", na_action="pass"):
+                if newdata is None:
+                    raise InputError("this fit was made from a Dask DataFrame and keeps no rows: pass newdata "
+                                     "(e.g. fit.predict(data), lazily evaluated for a Dask frame).")
+                if is_dask_frame(newdata):
+                    return predict_dask(self, newdata, kind=kind, new_levels=new_levels, na_action=na_action)
+                return super().predict(newdata, kind=kind, new_levels=new_levels, na_action=na_action)
+
+            def predict_score(self, newdata, new_levels="integrate", na_action="pass"):
+                if is_dask_frame(newdata):
+                    return predict_dask(self, newdata, kind="score", new_levels=new_levels, na_action=na_action)
+                return super().predict_score(newdata, new_levels=new_levels, na_action=na_action)
+
+            def to_arviz(self, log_likelihood=True):
+                if log_likelihood:
+                    raise InputError("a fit from a Dask DataFrame keeps no rows, so it has no pointwise log "
+                                     "likelihood: call to_arviz(log_likelihood=False).")
+                raise InputError("to_arviz() of a fit from a Dask DataFrame is not available yet (the tree "
+                                 "stores the training rows); use fit.coef, fit.varcomp() and fit.posterior.")
+
+            def save(self, path):
+                raise InputError("saving a fit made from a Dask DataFrame is not available yet (a saved fit "
+                                 "rebuilds its design from its training rows, which this fit does not keep).")
+
+        _FIT_CLASS = DaskFit
+    return _FIT_CLASS
+
+
+def __getattr__(name):
+    if name == "DaskFit":
+        return _fit_class()
+    raise AttributeError(name)
+
+
+def predict_dask(fit, data, *, kind="class", new_levels="integrate", na_action="pass"):
+    """:meth:`vbsvm.results.Fit.predict` of a Dask DataFrame: a lazy Dask Series (a DataFrame for
+    ``kind="score"``), one pandas prediction per partition.
+
+    ``na_action="drop"`` drops rows within each partition; the result's divisions are then unknown.
+    """
+    from .results import Fit
+
+    if kind not in ("class", "prob", "prob_positive", "score"):
+        raise InputError(f"kind must be 'class', 'prob', 'prob_positive' or 'score'; got {kind!r}.")
+    d = fit.design
+    needed = [c for c in d.raw.columns if c != d.response]
+    absent = [c for c in needed if c not in data.columns and c in (d.fixed_vars or [])]
+    if absent:
+        raise InputError(f"newdata lacks the column(s) {absent} that the formula {d.formula!r} uses; pass a frame "
+                         "with the same predictor columns as the training data.")
+    light = _light_fit(fit)
+
+    def one(frame):
+        if kind == "score":
+            return Fit.predict_score(light, frame, new_levels=new_levels, na_action=na_action)
+        return Fit.predict(light, frame, kind=kind, new_levels=new_levels, na_action=na_action)
+
+    return lazy_predictions(data, d, kind, one)
+
+
+def lazy_predictions(data, design, kind, predict_frame):
+    """``data.map_partitions(predict_frame)`` with the metadata of the predictions of ``kind``
+    (a Series named like the pandas result; a DataFrame of mean and sd for ``"score"``)."""
+    d = design
+    if kind == "score":
+        meta = pd.DataFrame({"mean": pd.Series([], dtype=float), "sd": pd.Series([], dtype=float)})
+    elif kind == "class":
+        meta = pd.Series([], dtype=object, name=d.response)
+    elif kind == "prob":
+        meta = pd.Series([], dtype=float, name=f"P({d.response}={d.positive_level!r})")
+    else:
+        meta = pd.Series([], dtype=float, name=f"P(score > 0) for P({d.response}={d.positive_level!r})")
+    meta.index = data._meta.index
+    return data.map_partitions(predict_frame, meta=meta)
+
+
+# ============================================================================ GP SVI minibatches
+def _task_rows(frame, design, keep, positions):
+    """Rows ``positions`` (sorted, with repeats) of a partition's complete rows, as
+    ``(X[:, keep], y)`` of the design (``frame`` may be a raw partition or a persisted one)."""
+    rows = frame.loc[~design.incomplete_rows(frame)]
+    rows = rows.iloc[positions]
+    X = design.new_X(rows)[:, keep]
+    y = np.where(np.asarray(rows[design.response] == design.positive_level, dtype=bool), 1.0, -1.0)
+    return np.ascontiguousarray(X), y
+
+
+def _task_complete_rows(frame, design):
+    return int((~design.incomplete_rows(frame)).sum())
+
+
+class DaskBatches:
+    """Minibatches for SVI (:func:`vbsvm.inference.svi.fit_svi`) from the partitions of a Dask
+    frame, in memory independent of n.
+
+    Each draw picks a partition at random with probability proportional to its complete rows
+    and ``per_load`` minibatches of ``batch_size`` rows uniformly (with replacement) within it;
+    one task returns just those rows (the worker reads the partition, e.g. from Parquet), and
+    the next group is requested while the current one is consumed. Every minibatch is an
+    unbiased sample of the full data sum (row i of partition k has probability
+    ``n_k / n * 1 / n_k``). All random numbers come from the fit's generator, so the stream is a
+    function of the seed only (not of the cluster).
+
+    Parameters
+    ----------
+    data : dask.dataframe.DataFrame
+    design : Design
+        From :func:`learn_design`.
+    keep : array of int
+        The design columns the GP uses.
+    """
+
+    per_load = 50
+
+    def __init__(self, data, design, keep):
+        dask = _dask()
+        self.design, self.keep = design, np.asarray(keep, dtype=int)
+        self.parts = data[list(design.raw.columns)].to_delayed()
+        self.sizes = np.asarray(dask.compute(*[dask.delayed(_task_complete_rows)(p, design)
+                                               for p in self.parts]), dtype=np.int64)
+        self.n = int(self.sizes.sum())
+        if self.n == 0:
+            raise InputError("data (a Dask DataFrame) has no complete rows for the formula.")
+        self.b = None
+        self.rng = None
+        self.loads = 0
+
+    def _request(self, counts_by_part):
+        """Delayed ``(X, y)`` of ``counts_by_part`` ({partition: positions}), one task each."""
+        dask = _dask()
+        return [dask.delayed(_task_rows)(self.parts[k], self.design, self.keep, pos)
+                for k, pos in counts_by_part.items()]
+
+    def sample(self, rng, size):
+        """``size`` rows (with replacement, partition chosen per row ∝ its rows): for the
+        inducing points and the ELBO monitor."""
+        dask = _dask()
+        counts = rng.multinomial(int(size), self.sizes / self.n)
+        todo = {k: np.sort(rng.integers(0, self.sizes[k], c)) for k, c in enumerate(counts) if c}
+        got = dask.compute(*self._request(todo))
+        return np.vstack([g[0] for g in got]), np.concatenate([g[1] for g in got])
+
+    def batches(self, batch_size, rng):
+        """The minibatch source: an iterable of ``(X, y)``."""
+        self.b, self.rng = int(batch_size), rng
+        return self
+
+    def _group(self):
+        k = int(self.rng.choice(self.sizes.size, p=self.sizes / self.n))
+        pos = np.sort(self.rng.integers(0, self.sizes[k], (self.per_load, self.b)), axis=1)
+        self.loads += 1
+        return self._request({k: pos.ravel()})[0]
+
+    def __iter__(self):
+        dask = _dask()
+        try:
+            from distributed import get_client
+
+            client = get_client()
+        except (ImportError, ValueError):
+            client = None
+        pending = client.compute(self._group()) if client is not None else self._group()
+        while True:
+            if client is not None:
+                X, y = pending.result()
+                pending = client.compute(self._group())  # prefetch while these are used
+            else:
+                X, y = dask.compute(pending)[0]
+                pending = self._group()
+            for s in range(0, X.shape[0], self.b):
+                yield X[s:s + self.b], y[s:s + self.b]
