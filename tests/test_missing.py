@@ -625,6 +625,9 @@ def test_summary_reports_missing_data(fits, logdata, method):
     else:
         assert "Cut model (imputation='conditional')" in text and "not normalized" not in text
         assert "d | y ~ N(mu + y gamma, Sigma)" in text
+    if method == "vb":  # pooled over completions: the header counts them, not ELBO iterations
+        assert f"Completions (sweeps in all): {fits[method].info['vb_completions']} (" in " ".join(text.split())
+        assert "Iterations (sweeps)" not in text
     assert fits[method].summary().as_html()
 
 

@@ -77,9 +77,15 @@ def _header(fit) -> dict:
     elif fit.method == "vb":
         elbo = fit.posterior["elbo"]
         head["Approximation:"] = "mean field"
-        head["ELBO:"] = format_number(float(elbo[-1]))
-        head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
-        head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
+        completions = fit.info.get("vb_completions")
+        if completions:  # imputation: mean-field fits pooled over completions of the data
+            head["ELBO (mean over completions):"] = format_number(float(elbo[-1]))
+            head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
+            head["Completions (sweeps in all):"] = f"{completions} ({fit.info.get('n_sweeps', '?')})"
+        else:
+            head["ELBO:"] = format_number(float(elbo[-1]))
+            head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
+            head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
     elif fit.method == "gibbs":
         head["Chains x draws:"] = f"{s['chains']} x {s['draws']} (tune {s['tune']}, thin {s['thin']})"
         diag = fit.diagnostics()
