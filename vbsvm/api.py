@@ -16,7 +16,7 @@ from .inference.failures import numerical_failures
 from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
-from .models.linear import LinearSVMModel, covariance_arrays
+from .models.linear import LinearSVMModel, meanfield_posterior
 from .results import Fit, ThetaLayout, fit_probit_calibration
 
 __all__ = ["svm", "load"]
@@ -357,23 +357,7 @@ def _posterior_on_original_scale(model, settings, M, info):
         info["approximation"] = APPROXIMATIONS["meanfield"]
         res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
                                 accelerate=settings["accelerate"])
-        post = res.q["theta"]
-        cov_d = M @ post.cov_dense() @ M.T
-        mean = post.mean
-        mean[: model.qd] = M @ mean[: model.qd]
-        var = post.diag_cov()
-        var[: model.qd] = np.diag(cov_d)
-        posterior = {
-            "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
-            "theta_cov_ds": M @ post.cov_dense_sparse() if model.m_sparse else np.zeros((model.qd, 0)),
-            "var_shape": np.atleast_1d(res.q["variances"].a) if model.variance_components else np.zeros(0),
-            "var_scale": np.atleast_1d(res.q["variances"].b) if model.variance_components else np.zeros(0),
-            "elbo": res.elbo,
-        }
-        if model.m_sparse:
-            posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
-        if model.covariance_components:
-            posterior.update(covariance_arrays(res.q["covariances"]))
+        posterior = meanfield_posterior(res.q, res.elbo, M, model)
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     elif method == "gibbs":
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],

@@ -52,16 +52,15 @@ from __future__ import annotations
 import copy
 import math
 import numbers
-import warnings
 
 import numpy as np
 import pandas as pd
 
-from .exceptions import InputError, InputTypeError
+from .exceptions import InputError
 from .models import hinge
-from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision
+from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision, meanfield_posterior
 
-__all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskDesign", "DaskLinearModel", "DaskFit"]
+__all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskDesign", "DaskLinearModel"]
 
 #: distinct values above which a non-numeric column is not treated as a factor (its levels are
 #: collected on the client)
@@ -577,25 +576,7 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     with numerical_failures("variational Bayes"):
         res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
                                 accelerate=settings["accelerate"])
-    sk = model.skeleton
-    post = res.q["theta"]
-    cov_d = M @ post.cov_dense() @ M.T
-    mean = post.mean
-    mean[: sk.qd] = M @ mean[: sk.qd]
-    var = post.diag_cov()
-    var[: sk.qd] = np.diag(cov_d)
-    posterior = {
-        "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
-        "theta_cov_ds": M @ post.cov_dense_sparse() if sk.m_sparse else np.zeros((sk.qd, 0)),
-        "var_shape": np.atleast_1d(res.q["variances"].a) if sk.variance_components else np.zeros(0),
-        "var_scale": np.atleast_1d(res.q["variances"].b) if sk.variance_components else np.zeros(0),
-        "elbo": res.elbo,
-    }
-    if sk.m_sparse:
-        posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
-    if sk.covariance_components:
-        posterior["cov_df"] = np.array([qc.df for qc in res.q["covariances"]])
-        posterior["cov_scale"] = np.concatenate([qc.scale.ravel() for qc in res.q["covariances"]])
+    posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
     info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
                 **res.info)
     fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,

@@ -455,7 +455,7 @@ class ImputedFit(Fit):
         ``Cov(c_r | x_O) = S_r^T Var(x_M | x_O) S_r`` (slopes ``S_r``), whose part of the score's
         variance is ``E_q[theta^T Cov(c_r) theta] = mu^T Cov(c_r) mu + tr(Sigma_theta Cov(c_r))``."""
         sc, comp = rows
-        P, lay = self.posterior, self.layout
+        P = self.posterior
         patterns = self._patterns(comp)
         if not patterns:
             return self._vb_score_moments(dense, sc)

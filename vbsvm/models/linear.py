@@ -92,6 +92,31 @@ def covariance_arrays(q_covs) -> dict:
             "cov_scale": np.concatenate([qc.scale.ravel() for qc in q_covs])}
 
 
+def meanfield_posterior(q, elbo, M, model) -> dict:
+    """The arrays a mean-field VB fit stores from its ``q`` (``q["theta"]`` a
+    :class:`CoefficientPosterior`): moments of theta with the dense block mapped by ``M`` (the
+    standardized-to-original transformation of the dense coordinates), the IG and IW factors and
+    the ELBO trace. ``model`` gives the structure (``qd``, ``m_sparse`` and the components)."""
+    post = q["theta"]
+    cov_d = M @ post.cov_dense() @ M.T
+    mean = post.mean
+    mean[: model.qd] = M @ mean[: model.qd]
+    var = post.diag_cov()
+    var[: model.qd] = np.diag(cov_d)
+    posterior = {
+        "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
+        "theta_cov_ds": M @ post.cov_dense_sparse() if model.m_sparse else np.zeros((model.qd, 0)),
+        "var_shape": np.atleast_1d(q["variances"].a) if model.variance_components else np.zeros(0),
+        "var_scale": np.atleast_1d(q["variances"].b) if model.variance_components else np.zeros(0),
+        "elbo": elbo,
+    }
+    if model.m_sparse:
+        posterior["theta_cov_ss_blocks"] = post.sparse_block_cov()
+    if model.covariance_components:
+        posterior.update(covariance_arrays(q["covariances"]))
+    return posterior
+
+
 def random_effect_terms(design) -> list:
     """The random-effect terms of a design as :class:`LinearSVMModel` takes them:
     ``(codes, n_levels, name, Z)`` per term (``Z`` None for a random intercept)."""
