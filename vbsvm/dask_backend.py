@@ -139,7 +139,7 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
         A :class:`~vbsvm.design.Design` without rows (see the module docstring); ``design.n`` is
         the number of complete rows.
     """
-    from .design import _split_formula, build_design
+    from .design import build_design, formula_columns
 
     dask = _dask()
     from .design import MISSING_ACTIONS
@@ -151,13 +151,7 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
                          "(incomplete rows are removed) or missing='raise'; to impute, fit a pandas frame.")
     if data.npartitions < 1:
         raise InputError("data (a Dask DataFrame) has no partitions; pass a frame with rows.")
-    response, _, re_terms = _split_formula(formula)
-    columns = [str(c) for c in data.columns]
-    groups = list(dict.fromkeys(c for term in re_terms for c in term[1]))
-    for name, what in [(response, "response")] + [(g, "grouping column") for g in groups]:
-        if name not in columns:
-            raise InputError(f"{what} {name!r} in the formula is not a column of data; the columns are "
-                             f"{columns[:20]}.")
+    response, _, _, groups, columns = formula_columns(formula, data.columns)
     dtypes = data.dtypes
     level_cols = [c for c in columns if c == response or c in groups or not _numeric(dtypes[c])]
     numeric_cols = [c for c in columns if c not in level_cols]

@@ -574,6 +574,23 @@ def _code_response(values: pd.Series, name: str):
     return y, neg, pos
 
 
+def formula_columns(formula, data_columns):
+    """Split ``formula`` and check that its response and grouping columns are in
+    ``data_columns``; returns ``(response, fixed-effect formula, random-effect terms, grouping
+    columns, columns)``."""
+    response, fixed, re_terms = _split_formula(formula)
+    columns = [str(c) for c in data_columns]
+    groups = list(dict.fromkeys(c for term in re_terms for c in term[1]))
+    for name, what in [(response, "response")] + [(g, "grouping column") for g in groups]:
+        if name not in columns:
+            hint = difflib.get_close_matches(name, columns, n=1)
+            raise FormulaError(
+                f"{what} {name!r} in the formula is not a column of data"
+                + (f"; did you mean {hint[0]!r}?" if hint else f"; the columns are {columns[:20]}.")
+            )
+    return response, fixed, re_terms, groups, columns
+
+
 def build_design(formula: str, data, *, standardize: bool = True, missing: str = "drop") -> Design:
     """Build the model matrices from a formula and a data frame.
 
@@ -597,16 +614,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
     if len(data) == 0:
         raise InputError("data has no rows; pass a non-empty DataFrame.")
-    response, fixed, re_terms = _split_formula(formula)
-    columns = [str(c) for c in data.columns]
-    groups = list(dict.fromkeys(c for term in re_terms for c in term[1]))
-    for name, what in [(response, "response")] + [(g, "grouping column") for g in groups]:
-        if name not in columns:
-            hint = difflib.get_close_matches(name, columns, n=1)
-            raise FormulaError(
-                f"{what} {name!r} in the formula is not a column of data"
-                + (f"; did you mean {hint[0]!r}?" if hint else f"; the columns are {columns[:20]}.")
-            )
+    response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns)
     fixed = _expand_dot(fixed, columns, response, groups)
     rhs_formula = fixed
     plain = _plain_numeric_columns(rhs_formula, data)
