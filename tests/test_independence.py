@@ -15,7 +15,8 @@ from scipy import stats
 from vbsvm.inference import independence
 from vbsvm.inference.independence import ProposalTuner, StudentTProposal, independence_steps
 from vbsvm.models import linear
-from test_reliability_exact import P_MIN, test_intercept_and_penalized_coefficient_penalty_inferred
+import test_reliability_exact as exact
+from test_reliability_exact import P_MIN
 
 
 def _proposal(d=3, df=6.0, seed=0):
@@ -114,7 +115,7 @@ def phases(monkeypatch):
 def test_exact_posterior_with_the_independence_move_kept(phases):
     """Intercept + penalized slope with the penalty inferred: the block (beta, log sigma2_u) moves
     by the independence sampler after tuning, and the draws match the quadrature marginals."""
-    test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert phases and all(ph == ProposalTuner.KEPT for ph in phases), phases
 
 
@@ -122,7 +123,7 @@ def test_exact_posterior_with_principal_axis_slices(phases, monkeypatch):
     """The same check with the independence move dropped at the end of tuning: the fixed effects
     then move by slice sampling along the principal axes of their tuning draws."""
     monkeypatch.setattr(linear.LinearSVMModel, "imh_min_accept", 2.0)
-    test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert phases and all(ph == ProposalTuner.DROPPED for ph in phases), phases
 
 
@@ -132,5 +133,5 @@ def test_exact_check_detects_an_independence_move_without_its_proposal_density(p
     monkeypatch.setattr(linear, "independence_steps",
                         lambda lt, ltp, lq, lqp, rng: steps(lt, ltp, 0.0 * lq, 0.0 * np.asarray(lqp), rng))
     with pytest.raises(AssertionError):
-        test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert all(ph == ProposalTuner.KEPT for ph in phases), phases
