@@ -466,14 +466,18 @@ def _hessian(ev, eta, h=0.05):
     return -(H + H.T) / 2.0
 
 
-def _find_mode(ev, K, max_iter=30, xtol=1e-3):
+def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
     """Mode of ``log p~(eta | y)``: EM-type fixed-point steps, then damped quasi-Newton.
 
     At an EP fixed point the gradient is ``-m_k/2 + e^{-eta_k} sq_k/2 - A + B e^{-eta_k}``, zero at
     ``sigma2_k = (sq_k + 2B)/(m_k + 2A)`` — the EM update, used for a safe start. Newton steps start
     from the Hessian by central differences of the gradient and update it by BFGS (re-differenced
     when the update would lose positive definiteness); steps are capped at 1 in every coordinate
-    and halved until ``log p~`` increases; the iteration stops when the step is below ``xtol``.
+    and halved until ``log p~`` increases; the iteration stops when the step is below ``xtol``
+    or below ``sd_tol`` posterior sds of eta (the curvature's): the grid is centred at the mode
+    but weighted by the density itself, so a mode off by 0.05 sd changes no moment, while the EP
+    tolerance makes the gradient too noisy for ``xtol`` on nearly separable data (26 Newton
+    iterations at n = 500, d = 100).
     Returns the mode, minus the Hessian there (central differences) and the Newton iterations.
     """
     m = ev.model
@@ -515,7 +519,9 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3):
         eta = eta + step
         yv = grad - new[1]  # minus the change of the gradient
         lp, grad, res = new
-        if np.max(np.abs(step)) < xtol:
+        # the step in posterior sds of eta (the grid's units) when the curvature is known
+        sd_step = np.abs(step) * np.sqrt(np.maximum(np.diag(H), 0.0)) if H is not None else np.full(K, np.inf)
+        if np.max(np.abs(step)) < xtol or np.max(sd_step) < sd_tol:
             break
         if H is not None:
             sy = float(step @ yv)
@@ -535,7 +541,11 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     ----------
     model : vbsvm.models.linear.LinearSVMModel
     dz : float, optional
-        Grid step in standardized units (default 0.5 for one variance, 0.75 for two, 1.0 beyond).
+        Grid step in standardized units (default 0.75 for two variances, 1.0 otherwise). The
+        trapezoid rule on a regular grid is exponentially accurate for a smooth density: with one
+        variance, step 1.0 instead of 0.5 changed no fixed-effect mean or sd by more than 1e-4
+        (relative, toenail, heart, diabetis, german, the Section 4.2 simulations) and sigma2's
+        mean by 0.1%, with 8 fewer EP runs.
     drop : float
         Grid points are kept while ``log p~`` is within ``drop`` of its value at the mode.
     max_points : int
@@ -569,7 +579,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                              np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged,
                                                  "seconds": time.perf_counter() - start, "failed": ev.failed})
     if dz is None:
-        dz = {1: 0.5, 2: 0.75}.get(K, 1.0)
+        dz = {1: 1.0, 2: 0.75}.get(K, 1.0)
     mode, H, n_newton = _find_mode(ev, K)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
