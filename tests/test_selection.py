@@ -280,37 +280,61 @@ def log_joint_y_a(y, a, f):
     return float(np.sum(-0.5 * np.log(2 * np.pi * a) - (1 + a - y * f) ** 2 / (2 * a)))
 
 
-def test_gamma_conditionals_match_the_joint_density(small):
-    d, model = make_model(small, rho=0.3)
-    rng = np.random.default_rng(4)
-    theta = rng.normal(size=model.q)
-    gamma = np.array([1, 0, 1, 1, 0, 1], dtype=float)
+def _collapsed_case(df, rho, seed, formula="y ~ ."):
+    d, model = make_model(df, formula=formula, rho=rho)
+    rng = np.random.default_rng(seed)
+    gamma = (rng.random(model.m) < 0.5).astype(float)
     a = rng.uniform(0.1, 3.0, model.n)
+    b = rng.uniform(0.3, 3.0, model.m)
+    tau = model.prior_precision(np.array([1.0 / 0.8] + [1.0 / 1.7] * (len(model.vcomps) - 1)), b)
+    return d, model, gamma, a, tau
+
+
+def _log_marginal_dense(model, a, tau, active):
+    """log of int p(y, a | theta) N(theta_A; 0, T_A^-1) d theta_A (theta outside A at 0), written
+    out with the dense design of every coordinate (random-effect dummies included): the
+    augmented likelihood is Gaussian in f, so the integral is closed form."""
+    C = np.hstack([model.base.Cd, np.asarray(model.base.Zt.T.todense())]) if model.base.m_sparse else model.base.Cd
+    C = C[:, active]
+    w = 1.0 / a
+    y = model.y
+    P = C.T @ (w[:, None] * C) + np.diag(tau[active])
+    r = C.T @ (y * (1.0 + w))
+    const = float(np.sum(-0.5 * np.log(2 * np.pi * a) - (1 + a) ** 2 / (2 * a)))
+    _, logdet = np.linalg.slogdet(P)
+    return const + 0.5 * np.sum(np.log(tau[active])) - 0.5 * logdet + 0.5 * r @ np.linalg.solve(P, r)
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_collapsed_indicator_logits_integrate_every_coefficient_out(small, grouped):
+    """logit P(gamma_k = 1 | w, gamma_-k, b, sigma2) equals the log ratio of the augmented
+    likelihood integrated over all coefficients (dense Gaussian integral, no Schur complement),
+    with and without a random-intercept factor."""
+    df = small.assign(g=np.arange(len(small)) % 7) if grouped else small
+    formula = "y ~ . - g + (1 | g)" if grouped else "y ~ ."
+    d, model, gamma, a, tau = _collapsed_case(df, 0.3, 4, formula)
+    assert bool(model.base.m_sparse) == grouped
     gram = model.gram(1 / a)
-    _, logits = model.gamma_logits(gram, theta, gamma)
+    logits = model.collapsed_indicators(gram, gamma, tau)[1]
     for i, k in enumerate(model.sel):
-        lj = []
-        for val in (0.0, 1.0):
-            g = gamma.copy()
-            g[i] = val
-            f = d.X @ model.effective(theta, g)
-            lj.append(log_joint_y_a(d.y, a, f) + val * np.log(0.3) + (1 - val) * np.log(0.7))
-        assert logits[i] == pytest.approx(lj[1] - lj[0], rel=1e-9, abs=1e-9)
+        act = np.ones(model.q, dtype=bool)
+        act[model.sel] = gamma == 1.0
+        act[k] = True
+        l1 = _log_marginal_dense(model, a, tau, act)
+        act[k] = False
+        l0 = _log_marginal_dense(model, a, tau, act)
+        assert logits[i] == pytest.approx(np.log(0.3 / 0.7) + l1 - l0, rel=1e-8, abs=1e-8)
 
 
-def test_sequential_gamma_draws_use_the_updated_indicators(small):
-    """The rank-one bookkeeping: each logit is the conditional given the gammas drawn before it."""
-    d, model = make_model(small, rho=0.5)
-    rng = np.random.default_rng(5)
-    theta = rng.normal(size=model.q) * 0.5
-    gamma0 = np.ones(model.m)
-    a = rng.uniform(0.3, 2.0, model.n)
+def test_sequential_collapsed_draws_use_the_updated_indicators(small):
+    """Each logit is the conditional given the indicators drawn before it (and the old ones after)."""
+    d, model, gamma0, a, tau = _collapsed_case(small, 0.5, 5)
     gram = model.gram(1 / a)
     for seed in range(5):
-        new, logits = model.gamma_logits(gram, theta, gamma0, np.random.default_rng(seed))
+        new, logits = model.collapsed_indicators(gram, gamma0, tau, rng=np.random.default_rng(seed))
         for i in range(model.m):
-            g = np.concatenate([new[:i], gamma0[i:]])  # updated before i, old from i on
-            _, direct = model.gamma_logits(gram, theta, g)
+            g = np.concatenate([new[:i], gamma0[i:]])
+            direct = model.collapsed_indicators(gram, g, tau)[1]
             assert logits[i] == pytest.approx(direct[i], rel=1e-10, abs=1e-10)
 
 

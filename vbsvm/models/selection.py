@@ -40,11 +40,15 @@ Full conditionals (Appendix B; checked here, no typos found). Write :math:`w_i =
 
 (:math:`b_k` has density :math:`\propto b_k^{-3/2}\exp\{-(v_k^2/\sigma_u^2) b_k/2 - 1/(2b_k)\}`,
 i.e. :math:`GIG(-1/2, v_k^2/\sigma_u^2, 1)`, the inverse Gaussian with mean :math:`\sigma_u/|v_k|`
-and shape 1.) The Gibbs sampler draws the :math:`\gamma_k` one at a time (they are dependent);
-:math:`Z_k^T W f_{-k}` is read from the vector :math:`t = G\,(\tilde\gamma \odot \theta)`, which is
-updated by one column of :math:`G` when :math:`\gamma_k` flips (rank-one bookkeeping of the
-linear predictor in coefficient space: :math:`O(q)` per k, :math:`G` is needed for the
-:math:`\theta` draw anyway).
+and shape 1.) The Gibbs sampler does not draw :math:`\gamma_k` from this conditional: given
+:math:`v_k` it sticks (an excluded term's :math:`v_k` is a draw of its prior, rarely a value that
+fits, and the other coefficients hold the fit they had with or without term k). It draws each
+:math:`\gamma_k` with every coefficient integrated out given w (Gaussian, so closed form:
+:meth:`LaplaceZeroModel.collapsed_indicators`), then theta given the new indicators, a partially
+collapsed Gibbs sampler (van Dyk & Park 2008). On toenail with ``LaplaceZero(0.1)`` and random
+intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafine`` indicator
+from 14 to 62; the random intercepts then move as in the linear model (non-centred variance,
+shift, levels: :meth:`LaplaceZeroModel.random_intercept_moves`).
 
 Mean-field VB (Algorithm 3) with
 :math:`q(\theta) q(\sigma^2) \prod_i q(a_i) \prod_k q(b_k) q(\gamma_k)`:
@@ -330,15 +334,19 @@ class LaplaceZeroModel:
     base : LinearSVMModel, optional
         The linear model of the coefficients (built from the arguments above when omitted; the
         imputation model passes the one whose design it completes).
+    intercept : int, optional
+        Column of ``X`` holding the intercept (always included): with random intercepts the
+        Gibbs sweep then trades a common shift between it and the levels.
     """
 
     def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None,
-                 re_df=None, re_scale=None, base=None):
+                 re_df=None, re_scale=None, base=None, intercept=None):
         select = np.asarray(select, dtype=bool)
         if base is None:
             fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
             fixed_precision[select] = np.nan
-            base = LinearSVMModel(X, y, groups, fixed_precision, A=A, B=B, re_df=re_df, re_scale=re_scale)
+            base = LinearSVMModel(X, y, groups, fixed_precision, A=A, B=B, re_df=re_df, re_scale=re_scale,
+                                  intercept=intercept)
         self.base = base
         self.n, self.q, self.qd = base.n, base.q, base.qd
         self.y = base.y
@@ -563,36 +571,105 @@ class LaplaceZeroModel:
         return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": b.copy(),
                 "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs]}
 
-    def gamma_logits(self, gram, theta, gamma_sel, rng=None):
-        """Draw the gamma_k one at a time from their full conditionals (module docstring).
+    def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
+        r"""Draw the indicators one at a time with every coefficient integrated out given w.
 
-        Returns the new indicators and the conditional logits used. With ``rng=None`` nothing is
-        drawn: the logits of every k given the *current* others are returned (a test device).
+        Given w the working likelihood is Gaussian in theta, so for an active set ``A`` of dense
+        coordinates (the always-included ones and the selected terms; the random effects are
+        eliminated by the Schur complement, which does not depend on gamma)
+
+        .. math::
+
+            p(\gamma \mid w, b, \sigma^2) \propto \rho^{|\gamma|}(1 - \rho)^{m - |\gamma|}
+                \prod_{k \in A} \tau_k^{1/2}\, |R_{AA}|^{-1/2} \exp(\tfrac12 h_A^T R_{AA}^{-1} h_A),
+
+        with ``R`` and ``h`` the reduced precision and vector of the full model (every term in;
+        :class:`SelectionPosterior` with ``s = 1``). Adding k to ``A`` multiplies it by
+        ``sqrt(tau_k / s_k) exp(c_k^2 / (2 s_k))``, ``s_k = R_kk - R_kA R_AA^{-1} R_Ak``,
+        ``c_k = h_k - R_kA R_AA^{-1} h_A``, or from ``R_AA^{-1}`` when k is in ``A``
+        (``s_k = 1 / [R_AA^{-1}]_kk``); ``R_AA^{-1}`` is inverted once per sweep and then kept by
+        rank-one block updates when an indicator flips (``O(q_d^2)`` per k).
+        Unlike a draw of ``gamma_k`` given the coefficients, the other coefficients do not hold
+        the fit they had with or without term k, so correlated terms can enter and leave.
+        theta must be drawn given the new indicators right after (partially collapsed Gibbs).
+
+        Returns
+        -------
+        gamma : ndarray (m,)
+        logits : ndarray (m,)
+            The conditional logits used (with ``rng=None`` nothing is drawn: the logits of every
+            k given the current others, a test device).
         """
-        sel = self.sel
-        s = self.scaling(gamma_sel)
-        theta_d = theta[: self.qd]
-        t = gram.Gdd @ (s * theta_d)
-        if self.base.m_sparse:
-            t += gram.Gsd.T @ theta[self.qd:]
-        v = theta_d[sel].tolist()
-        Gkk = np.diag(gram.Gdd)[sel].tolist()
-        r = gram.bd[sel].tolist()
-        thresholds = None if rng is None else (np.log(u := rng.random(self.m)) - np.log1p(-u)).tolist()
+        qd = self.qd
+        full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
+        R = full.L @ full.L.T
+        h = R @ full.mean_dense
         gam = np.asarray(gamma_sel, dtype=float).copy()
+        active = np.ones(qd, dtype=bool)
+        active[self.sel] = gam == 1.0
+        # M: R_AA^{-1} embedded in q_d x q_d (zero outside A), kept by rank-one block updates
+        M = np.zeros((qd, qd))
+        A = np.flatnonzero(active)
+        if A.size:
+            M[np.ix_(A, A)] = _spd_inverse(R[np.ix_(A, A)])
+        Mh = M @ h
+        thresholds = None
+        if rng is not None:
+            u = rng.random(self.m)
+            thresholds = np.log(u) - np.log1p(-u)
         logits = np.empty(self.m)
-        for i, k in enumerate(sel.tolist()):
-            vk = v[i]
-            zwf = t[k] - Gkk[i] * gam[i] * vk  # Z_k^T W f_{-k}
-            e = self.logit_rho - 0.5 * Gkk[i] * vk * vk + vk * r[i] - vk * zwf
-            logits[i] = e
+        for i, k in enumerate(self.sel.tolist()):
+            if active[k]:  # the Schur complement of k in R_AA is 1 / [R_AA^{-1}]_kk
+                s_k = 1.0 / M[k, k]
+                c_k = Mh[k] * s_k
+            else:
+                u = M @ R[:, k]
+                s_k = R[k, k] - R[:, k] @ u
+                c_k = h[k] - u @ h
+            logits[i] = self.logit_rho + 0.5 * (math.log(tau[k]) - math.log(s_k)) + 0.5 * c_k * c_k / s_k
             if thresholds is None:
                 continue
-            new = 1.0 if e > thresholds[i] else 0.0  # P(logistic draw < e) = expit(e)
-            if new != gam[i]:
-                t += gram.Gdd[:, k] * ((new - gam[i]) * vk)
-                gam[i] = new
+            new = logits[i] > thresholds[i]
+            if new and not active[k]:  # add k: block inverse with the new row and column
+                M += np.outer(u, u) / s_k
+                M[k, :] = M[:, k] = -u / s_k
+                M[k, k] = 1.0 / s_k
+            elif active[k] and not new:  # remove k
+                M -= np.outer(M[:, k], M[k, :]) / M[k, k]
+                M[k, :] = M[:, k] = 0.0
+            else:
+                continue
+            active[k] = new
+            gam[i] = float(new)
+            Mh = M @ h
         return gam, logits
+
+    def random_intercept_moves(self, theta, gamma, sigma2, rng):
+        """The linear model's marginal moves of the random intercepts (augmentation weights
+        integrated out; :meth:`~vbsvm.models.linear.LinearSVMModel.marginal_moves`): each
+        random-intercept variance non-centred, the intercept-versus-levels shift and the levels,
+        :attr:`~vbsvm.models.linear.LinearSVMModel.level_rounds` times. They touch the intercept,
+        the levels and their variances only, never a selectable coefficient, so the Laplace-zero
+        part of the posterior plays no role in them. Without random intercepts only the score is
+        computed. Returns ``(theta, f)``: the variances they move are drawn again (conjugate,
+        centred) later in the sweep, which interweaves the two parameterizations as in the
+        linear model. w must be drawn afresh after them."""
+        base = self.base
+        u = self.effective(theta, gamma)
+        f = base.predictor(u)
+        if not base._shiftable:
+            return theta, f
+        sigma2 = np.array(sigma2, dtype=float, copy=True)
+        for _ in range(base.level_rounds):
+            for k, _index in base._shiftable:
+                u, f, sigma2 = base._rescale_variance(k, u, f, sigma2, rng)
+            u = base._shift_location(u, sigma2, rng)
+            u, f = base._redraw_levels(u, base.predictor(u), sigma2, rng)
+        theta = np.array(theta, dtype=float, copy=True)
+        keep = np.ones(self.q, dtype=bool)
+        keep[self.sel] = False
+        theta[keep] = u[keep]
+        return theta, f
 
     def swap_moves(self, theta, gamma, b, f, rng):
         """Metropolis-Hastings swaps of a term in the model with one out of it, on the marginal
@@ -634,14 +711,16 @@ class LaplaceZeroModel:
         return theta, gamma, b, f
 
     def gibbs_sweep(self, state, rng):
-        """theta | rest; gamma_k | rest one at a time; swaps of correlated terms (marginal, see
+        """gamma_k | w, rest one at a time with theta integrated out (:meth:`collapsed_indicators`);
+        theta | gamma, w, rest; the random intercepts' marginal moves
+        (:meth:`random_intercept_moves`); swaps of correlated terms (marginal, see
         :meth:`swap_moves`); w | f; b | v, sigma_u; variances | rest."""
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
-        s = self.scaling(state["gamma"])
-        theta = self.posterior(gram, s, tau, state.get("Lam", ())).sample(rng)
-        gamma, _ = self.gamma_logits(gram, theta, state["gamma"], rng)
-        f = self.base.predictor(self.effective(theta, gamma))
+        Lam = state.get("Lam", ())
+        gamma, _ = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
+        theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
+        theta, f = self.random_intercept_moves(theta, gamma, state["sigma2"], rng)
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
@@ -699,7 +778,8 @@ def fit_laplace_zero(design, settings, prior):
     model = LaplaceZeroModel(design.X, design.y, random_effect_terms(design), select,
                              rho if rho != "auto" else prior.rho_grid[0], sigma2_beta=settings["sigma2_beta"],
                              A=settings["A_u"], B=settings["B_u"], re_df=settings.get("re_df"),
-                             re_scale=settings.get("re_scale"))
+                             re_scale=settings.get("re_scale"),
+                             intercept=design.column_names.index("Intercept") if design.has_intercept else None)
     base = model.base
     layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
     M = design.to_original(base.qd)
