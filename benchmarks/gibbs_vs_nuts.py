@@ -455,7 +455,8 @@ def markdown_defaults(rows: list, heading: str) -> str:
     for r in rows:
         model = r["formula"].replace("|", "\\|") + (f", penalty={r['penalty']}" if r["prior"] is None else f", prior={r['prior']}")
         if "draws_kept" in r:
-            kept = f"{r['draws_kept']}" + (f" ({len(r['extension_rounds'])} extension rounds)" if r["extension_rounds"] else "")
+            rounds = len(r.get("extension_rounds", []))
+            kept = f"{r['draws_kept']}" + (f" ({rounds} extension round{'s' if rounds > 1 else ''})" if rounds else "")
         else:
             kept = f"{r['draws']} (not rerun: measured before the adaptive run length)"
         out.append(f"| {r['name']} | `{model}` | {r['n']} x {r['p']} | {kept} | {r['max_rhat']:.4f} ({r['max_rhat_parameter']}) | "

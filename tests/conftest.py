@@ -10,8 +10,11 @@ run with the extension off (``DEFAULT_MAX_DRAWS_FACTOR = 1``), and the tests of 
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def _gibbs_runs_as_asked(monkeypatch):
+@pytest.fixture(scope="session", autouse=True)
+def _gibbs_runs_as_asked():
+    # session scope: module-scoped fixtures that fit models run with it too
     import vbsvm.inference.gibbs as gibbs
 
-    monkeypatch.setattr(gibbs, "DEFAULT_MAX_DRAWS_FACTOR", 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gibbs, "DEFAULT_MAX_DRAWS_FACTOR", 1)
+        yield

@@ -154,7 +154,8 @@ def test_cap_reached_warns_and_the_summary_says_so(data):
     with pytest.warns(DiagnosticWarning, match=r"extended to max_draws=60 per chain.*the worst is"):
         fit = vbsvm.svm("y ~ x + z", data, draws=30, max_draws=60, **GIBBS)
     text = str(fit.summary())
-    assert "2 x 60 (30 requested; extended to max_draws, short of R-hat <= 1.01, bulk ESS >= 400" in text
+    assert "2 x 60 (tune 40, thin 1)" in text
+    assert "from 30 draws to max_draws, short of R-hat <= 1.01, bulk ESS >= 400" in text
     assert fit.info["max_draws"] == 60 and fit.settings["draws"] == 30
 
 
@@ -173,8 +174,9 @@ def test_summary_header_of_a_run_that_met_the_targets():
     fit = vbsvm.svm("y ~ x", df, method="gibbs", penalty=1.0, draws=80, max_draws=800, tune=50, seed=1,
                     progress=False)
     assert fit.info["draws_extended"] and fit.info["draws"] < 800
-    assert (f"4 x {fit.info['draws']} (80 requested; extended to reach R-hat <= 1.01, bulk ESS >= 400"
-            in str(fit.summary()))
+    text = str(fit.summary())
+    assert f"4 x {fit.info['draws']} (tune 50, thin 1)" in text
+    assert "from 80 draws to reach R-hat <= 1.01, bulk ESS >= 400" in text
 
 
 def test_max_draws_below_draws_is_refused(data):

@@ -87,7 +87,9 @@ def _header(fit) -> dict:
             head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
             head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
     elif fit.method == "gibbs":
-        head["Chains x draws:"] = _run_length(fit)
+        head["Chains x draws:"] = f"{s['chains']} x {fit.info.get('draws', s['draws'])} (tune {s['tune']}, thin {s['thin']})"
+        if fit.info.get("draws_extended"):
+            head["Extended:"] = _extension(fit)
         diag = fit.diagnostics()
         head["Max R-hat:"] = format_number(float(diag["r_hat"].max()))
         head["Min bulk ESS:"] = format_number(int(round(diag["ess_bulk"].min())))
@@ -218,16 +220,12 @@ def _mode_only(table: pd.DataFrame) -> pd.DataFrame:
     return table[["mean"]].rename(columns={"mean": "mode"})
 
 
-def _run_length(fit) -> str:
-    """The Gibbs header's run length, e.g. ``4 x 2000 (1000 requested; extended to reach R-hat <=
-    1.01, bulk ESS >= 400; tune 1000, thin 1)``."""
+def _extension(fit) -> str:
+    """The Gibbs header's note on an extended run, e.g. ``from 1000 draws to reach R-hat <= 1.01,
+    bulk ESS >= 400``."""
     from .inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
 
-    s, info = fit.settings, fit.info
-    note = ""
-    if info.get("draws_extended"):
-        worst_r, worst_e = shortfall(fit.summary_diagnostics())
-        met = not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET)
-        note = (f"{info['draws_requested']} requested; extended " + ("to reach" if met else "to max_draws, short of")
-                + f" R-hat <= {RHAT_TARGET}, bulk ESS >= {ESS_TARGET}; ")
-    return f"{s['chains']} x {info.get('draws', s['draws'])} ({note}tune {s['tune']}, thin {s['thin']})"
+    worst_r, worst_e = shortfall(fit.summary_diagnostics())
+    met = not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET)
+    return (f"from {fit.info['draws_requested']} draws " + ("to reach" if met else "to max_draws, short of")
+            + f" R-hat <= {RHAT_TARGET}, bulk ESS >= {ESS_TARGET}")
