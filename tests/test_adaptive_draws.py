@@ -182,3 +182,11 @@ def test_summary_header_of_a_run_that_met_the_targets():
 def test_max_draws_below_draws_is_refused(data):
     with pytest.raises(InputError, match="max_draws must be at least draws"):
         vbsvm.svm("y ~ x", data, draws=100, max_draws=50, **GIBBS)
+
+
+def test_extended_fit_saves_and_loads(data, tmp_path):
+    fit = quiet_fit("y ~ x + (1 | g)", data, draws=30, max_draws=60, **GIBBS)
+    fit.save(tmp_path / "fit.nc")
+    back = vbsvm.load(tmp_path / "fit.nc")
+    np.testing.assert_array_equal(back.posterior["theta_draws"], fit.posterior["theta_draws"])
+    assert back.info["extension_rounds"] == fit.info["extension_rounds"] and back.settings["max_draws"] == 60
