@@ -495,7 +495,8 @@ def defaults_report(rows: list, settings: dict) -> str:
         "max_draws = 4 x draws; `draws kept` is the resulting length, and the R-hat/ESS columns are those of the "
         "returned fit. A fit still short at max_draws warns with the worst parameter and the draws it needs. "
         "`wall s`: the whole `vbsvm.svm` call incl. the extension and its diagnostics; `load`: 1-minute load "
-        "average on the shared 2-core machine when the row started; BLAS threads as the environment sets them.")
+        "average on the shared 2-core machine when the row started. Rows measured 2026-11-26 ran with one BLAS "
+        "thread (`OPENBLAS_NUM_THREADS=1`).")
 
 
 def merge(path: Path, rows: list, order: list) -> list:
@@ -516,7 +517,7 @@ def environment() -> dict:
         except md.PackageNotFoundError:
             versions[pkg] = None
     return {"python": platform.python_version(), "cpus": os.cpu_count(), "versions": versions,
-            "vbsvm_commit": _git_commit()}
+            "vbsvm_commit": _git_commit(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
 
 
 def _git_commit():
