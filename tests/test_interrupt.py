@@ -226,7 +226,8 @@ print("script body", flush=True)
 rng = np.random.default_rng(0)
 df = pd.DataFrame({"x": rng.normal(size=100)})
 df["y"] = (df.x + rng.normal(size=100) > 0).astype(int)
-fit = vbsvm.svm("y ~ x", df, method="gibbs", draws=50, tune=10, chains=2, seed=1, progress=False, n_jobs=2)
+fit = vbsvm.svm("y ~ x", df, method="gibbs", draws=50, max_draws=50, tune=10, chains=2, seed=1, progress=False,
+                n_jobs=2)
 print("draws", fit.posterior["theta_draws"].shape, flush=True)
 """
 

@@ -17,7 +17,7 @@ from .inference.gibbs import run_chains
 from .inference.threads import limit_blas
 from .inference.vb import coordinate_ascent
 from .models.linear import LinearSVMModel, meanfield_posterior
-from .results import Fit, ThetaLayout, fit_probit_calibration
+from .results import Fit, ThetaLayout, fit_probit_calibration, record_run_length
 
 __all__ = ["svm", "load"]
 
@@ -61,7 +61,7 @@ def _check_penalty(penalty):
 
 
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
-        draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1,
+        draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1, max_draws=None,
         tol=1e-8, max_iter=1000, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95,
         sigma2_mu=1e8, Psi=0.01, nu=3.0, re_df=None, re_scale=None, checkpoint=None,
         imputation="conditional", persist="auto"):
@@ -118,6 +118,17 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     draws, tune, chains, thin : int
         Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
+    max_draws : int, optional
+        Gibbs: adaptive run length. After ``draws``, if the summary parameters (fixed effects and
+        variance components, :meth:`~vbsvm.results.Fit.summary_diagnostics`) miss max R-hat <=
+        1.01 or min bulk ESS >= 400, every chain continues from exactly where it stopped (same
+        state, same random stream, the kernel fixed after tuning: the draws are those of a
+        longer run) for more draws, sized from the ESS shortfall, until the targets hold or the
+        chains reach ``max_draws`` draws (after thinning); then a
+        :class:`~vbsvm.exceptions.DiagnosticWarning` names the worst parameter and the draws it
+        needs. Default ``4 * draws``; ``max_draws=draws`` switches the extension off; runs with
+        ``checkpoint`` are not extended. ``fit.info`` records ``draws_requested``, ``draws``
+        (kept), ``max_draws`` and the ``extension_rounds``.
     seed : int or None
         Seed of every random number used (Gibbs chains, VB draws).
     progress : bool
@@ -158,7 +169,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     vbsvm.results.Fit
     """
     settings = _settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
-                         draws=draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
+                         draws=draws, max_draws=max_draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
                          max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
                          B_u=B_u, level=level, progress=progress, n_jobs=n_jobs)
     if imputation not in ("conditional", "joint"):
@@ -297,7 +308,7 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
 
 
 def _settings(formula, *, method, penalty, missing, standardize, draws, tune, chains, thin, seed, tol,
-              max_iter, accelerate, sigma2_beta, A_u, B_u, level, progress, n_jobs):
+              max_iter, accelerate, sigma2_beta, A_u, B_u, level, progress, n_jobs, max_draws=None):
     """Validate the keyword arguments of :func:`svm` (errors name the argument and the fix)."""
     if method not in METHODS:
         raise InputError(f"method must be one of {METHODS}; got {method!r}.")
@@ -305,10 +316,15 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
     method = "vb" if approximation else method
     if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
         raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
+    draws = _positive_int(draws, "draws")
+    if max_draws is not None and _positive_int(max_draws, "max_draws") < draws:
+        raise InputError(f"max_draws must be at least draws = {draws} (max_draws=draws switches the extension "
+                         f"of Gibbs runs off); got {max_draws}.")
     return {
         "formula": formula, "method": method, "approximation": approximation,
         "penalty": _check_penalty(penalty), "missing": missing,
-        "standardize": bool(standardize), "draws": _positive_int(draws, "draws"),
+        "standardize": bool(standardize), "draws": draws,
+        "max_draws": None if max_draws is None else int(max_draws),
         "tune": _positive_int(tune, "tune", minimum=0), "chains": _positive_int(chains, "chains"),
         "thin": _positive_int(thin, "thin"), "seed": _check_seed(seed),
         # seed of the iid draws a VB fit stores in to_arviz(): fixed at fit time, so that the
@@ -329,7 +345,9 @@ def _fit_linear(design, settings) -> Fit:
     M = design.to_original(model.qd)
     info = {"model": "Bayesian linear SVM" + _random_effects_label(design)}
     with limit_blas(model.blas_work):  # the small products after the fit too
-        posterior = _posterior_on_original_scale(model, settings, M, info)
+        posterior = _posterior_on_original_scale(
+            model, settings, M, info,
+            lambda post: Fit(design=design, layout=layout, settings=settings, method=method, posterior=post))
     fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     if method == "gibbs":
         fit._warn_diagnostics()
@@ -342,8 +360,11 @@ def _random_effects_label(design) -> str:
     return " with random intercepts" if all(g.is_intercept for g in design.groups) else " with random effects"
 
 
-def _posterior_on_original_scale(model, settings, M, info):
-    """Run the method in ``settings`` and return the posterior on the original predictor scale."""
+def _posterior_on_original_scale(model, settings, M, info, make_fit):
+    """Run the method in ``settings`` and return the posterior on the original predictor scale.
+
+    ``make_fit(posterior)`` builds a fit from a posterior: Gibbs runs are extended until its
+    :meth:`~vbsvm.results.Fit.summary_diagnostics` meet the targets (or ``max_draws``)."""
     method, seed = settings["method"], settings["seed"]
     if method == "vb" and settings.get("approximation") == "calibrated" and not model.covariance_components:
         with numerical_failures("expectation propagation"):
@@ -360,19 +381,25 @@ def _posterior_on_original_scale(model, settings, M, info):
         posterior = meanfield_posterior(res.q, res.elbo, M, model)
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     elif method == "gibbs":
+        def on_original_scale(draws):
+            theta = draws["theta"].copy()
+            theta[..., : model.qd] = theta[..., : model.qd] @ M.T
+            posterior = {"theta_draws": theta, "sigma2_draws": draws["sigma2"],
+                         "log_pseudo_likelihood": draws["log_pseudo_likelihood"]}
+            if model.covariance_components:
+                posterior["cov_draws"] = draws["cov"]
+            return posterior
+
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=seed, progress=settings["progress"], n_jobs=settings["n_jobs"],
                          record=("theta", "sigma2", "cov", "log_pseudo_likelihood"),
-                         checkpoint=settings.get("checkpoint"))
+                         checkpoint=settings.get("checkpoint"), max_draws=settings["max_draws"],
+                         monitor=lambda draws: make_fit(on_original_scale(draws)).summary_diagnostics())
         if res.interrupted:  # the fit holds what was kept; say so where the shape is read
             info["interrupted"] = True
             settings.update(chains=res.chains, draws=res.n_draws)
-        theta = res.draws["theta"].copy()
-        theta[..., : model.qd] = theta[..., : model.qd] @ M.T
-        posterior = {"theta_draws": theta, "sigma2_draws": res.draws["sigma2"],
-                     "log_pseudo_likelihood": res.draws["log_pseudo_likelihood"]}
-        if model.covariance_components:
-            posterior["cov_draws"] = res.draws["cov"]
+        posterior = on_original_scale(res.draws)
+        record_run_length(info, res)
         info.update(seconds=res.seconds)
     else:
         with numerical_failures("EM for the posterior mode"):

@@ -269,25 +269,49 @@ class Fit:
     def _compute_diagnostics(self) -> pd.DataFrame:
         return diagnostics_table(self._posterior_dataset())
 
+    def summary_diagnostics(self) -> pd.DataFrame | None:
+        """:meth:`diagnostics` of the summary parameters only: the fixed effects ``beta[...]`` and
+        the variance components ``sigma2*`` (not the random-effect levels, imputations or
+        indicators). Gibbs runs are extended until these reach R-hat <= 1.01 and bulk ESS >= 400
+        (see ``max_draws`` of :func:`vbsvm.svm`), and the fit warns if they do not."""
+        if self.method != "gibbs":
+            return None
+        if "summary_diagnostics" not in self._cache:
+            post = self._posterior_dataset()
+            with np.errstate(invalid="ignore", divide="ignore"):  # a constant (an excluded term): NaN
+                self._cache["summary_diagnostics"] = diagnostics_table(
+                    post[[v for v in post.data_vars if is_summary_variable(v)]])
+        return self._cache["summary_diagnostics"].copy()
+
     def _warn_diagnostics(self):
-        diag = self.diagnostics()
+        """Warn if the summary parameters miss R-hat <= 1.01 or bulk ESS >= 400, naming the worst
+        one and the draws per chain that would reach the targets."""
+        from .inference.gibbs import ESS_TARGET, RHAT_TARGET
+
+        diag = self.summary_diagnostics()
         if diag is None:
             return
-        bad_r = diag.index[diag["r_hat"] > 1.01].tolist()
-        bad_e = diag.index[diag["ess_bulk"] < 400].tolist()
+        bad_r = diag.index[diag["r_hat"] > RHAT_TARGET].tolist()
+        bad_e = diag.index[diag["ess_bulk"] < ESS_TARGET].tolist()
         if bad_r or bad_e:
-            worst = diag["ess_bulk"].idxmin()
+            worst = diag["ess_bulk"].idxmin() if bad_e else diag["r_hat"].idxmax()
             ess = max(float(diag.loc[worst, "ess_bulk"]), 1.0)
-            draws = int(self.settings.get("draws", 1000))
-            # ESS grows about linearly with the draws once the chains have mixed
-            needed = int(math.ceil(draws * 400.0 / ess / 100.0) * 100)
+            rhat = float(diag.loc[worst, "r_hat"])
+            draws = int(self.posterior["theta_draws"].shape[1])
+            # ESS grows about linearly with the draws once the chains have mixed; R-hat - 1 like 1 / ESS
+            factor = max(ESS_TARGET / ess, (rhat - 1.0) / (RHAT_TARGET - 1.0))
+            needed = int(math.ceil(draws * factor / 100.0) * 100)
+            capped = self.info.get("max_draws")
+            extended = (f"the run was extended to max_draws={capped} per chain, too few; " if capped and
+                        self.info.get("draws_extended") and draws >= capped else "")
             warnings.warn(
                 "Gibbs diagnostics: "
-                + (f"R-hat > 1.01 for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
-                + (f"bulk ESS < 400 for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
-                + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {diag.loc[worst, 'r_hat']:.3f}): about "
-                f"draws={needed} per chain (and tune at least as long) would reach ESS 400 — run longer "
-                "chains before trusting intervals.",
+                + (f"R-hat > {RHAT_TARGET} for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
+                + (f"bulk ESS < {ESS_TARGET} for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
+                + extended
+                + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {rhat:.3f} from {draws} draws per chain): "
+                f"about draws={needed} per chain (and tune at least as long) would reach the targets — run "
+                "longer chains (or pass a larger max_draws) before trusting intervals.",
                 DiagnosticWarning,
                 stacklevel=3,
             )
@@ -680,6 +704,20 @@ class Fit:
         check_rebuilt(design, layout, dt["observed_data"]["y"].values)
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+def is_summary_variable(name: str) -> bool:
+    """True for the posterior variables the convergence targets are about: ``beta`` (fixed
+    effects) and ``sigma2*`` (variance components, including those of random-slope terms)."""
+    return name == "beta" or name.startswith("sigma2")
+
+
+def record_run_length(info, res):
+    """Put the run length of a Gibbs result ``res`` into a fit's ``info``: ``draws_requested``,
+    ``draws`` (kept per chain), ``max_draws`` (the cap of the extension), ``draws_extended`` and
+    ``extension_rounds`` (see :class:`vbsvm.inference.gibbs.GibbsResult`)."""
+    info.update(draws_requested=int(res.requested), draws=int(res.n_draws), max_draws=int(res.max_draws),
+                draws_extended=bool(res.extensions), extension_rounds=list(res.extensions))
 
 
 def diagnostics_table(post: xr.Dataset) -> pd.DataFrame:

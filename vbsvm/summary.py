@@ -87,7 +87,9 @@ def _header(fit) -> dict:
             head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
             head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
     elif fit.method == "gibbs":
-        head["Chains x draws:"] = f"{s['chains']} x {s['draws']} (tune {s['tune']}, thin {s['thin']})"
+        head["Chains x draws:"] = f"{s['chains']} x {fit.info.get('draws', s['draws'])} (tune {s['tune']}, thin {s['thin']})"
+        if fit.info.get("draws_extended"):
+            head["Extended:"] = _extension(fit)
         diag = fit.diagnostics()
         head["Max R-hat:"] = format_number(float(diag["r_hat"].max()))
         head["Min bulk ESS:"] = format_number(int(round(diag["ess_bulk"].min())))
@@ -216,3 +218,14 @@ def build_summary(fit, level: float) -> Summary:
 def _mode_only(table: pd.DataFrame) -> pd.DataFrame:
     """A table of a posterior mode: the value is the ``mode`` (not a mean); no sd or interval."""
     return table[["mean"]].rename(columns={"mean": "mode"})
+
+
+def _extension(fit) -> str:
+    """The Gibbs header's note on an extended run, e.g. ``from 1000 draws to reach R-hat <= 1.01,
+    bulk ESS >= 400``."""
+    from .inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
+
+    worst_r, worst_e = shortfall(fit.summary_diagnostics())
+    met = not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET)
+    return (f"from {fit.info['draws_requested']} draws " + ("to reach" if met else "to max_draws, short of")
+            + f" R-hat <= {RHAT_TARGET}, bulk ESS >= {ESS_TARGET}")

@@ -19,9 +19,20 @@ so far, with an :class:`~vbsvm.exceptions.InterruptWarning`. Chains of unequal l
 common length, keeping the chains that give the most draws (``k`` chains of ``L`` draws, with
 ``k * L`` largest). Only if no chain has kept a draw yet is the interrupt passed on.
 
+**Adaptive run length** (``max_draws=``, with a ``monitor``): after the requested ``draws``,
+the caller's ``monitor`` gives the diagnostics of the summary parameters (fixed effects and
+variance components); while ``max R-hat > RHAT_TARGET`` or ``min bulk ESS < ESS_TARGET`` and the
+chains are shorter than ``max_draws``, every chain continues from exactly where it stopped (its
+last state and its generator state; the parent keeps both between blocks, worker processes hand
+them back) for a block of draws sized from the ESS shortfall (:func:`extension_size`). An
+extended chain is therefore one Markov chain with the post-tuning kernel (``gibbs_adapt`` is not
+called again): ``draws=1000`` extended to 2000 gives exactly the draws of ``draws=2000`` without
+extension, serially or in parallel.
+
 **Checkpoints** (``checkpoint=``): each chain writes its position, state, kept draws and
 generator state to ``<checkpoint>.chain<c>.npz`` at sweep boundaries; a rerun with the same
-arguments resumes every chain and gives the draws of an uninterrupted run.
+arguments resumes every chain and gives the draws of an uninterrupted run. A checkpointed run is
+not extended (``max_draws`` is ignored): a resumed run could not retrace the block decisions.
 
 **Worker processes** (``n_jobs > 1``) are started with the ``fork`` method on Linux: a forked
 worker does not re-import the user's script (``spawn`` and ``forkserver`` re-run a script without
@@ -37,13 +48,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import multiprocessing
 import os
 import signal
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 import numpy as np
@@ -53,17 +65,27 @@ from ..exceptions import InputError, InterruptWarning, WorkerError
 from .failures import numerical_failures
 from .threads import limit_blas
 
-__all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint"]
+__all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint", "extension_size", "shortfall",
+           "RHAT_TARGET", "ESS_TARGET", "DEFAULT_MAX_DRAWS_FACTOR"]
 
 #: seconds a worker gets to return its partial chains after the parent asked it to stop
 STOP_GRACE = 30.0
+#: convergence targets over the summary parameters (issue #17): max rank-normalized R-hat, min bulk ESS
+RHAT_TARGET = 1.01
+ESS_TARGET = 400
+#: ``max_draws`` defaults to this many times ``draws`` (1 switches the adaptive run length off)
+DEFAULT_MAX_DRAWS_FACTOR = 4
 
 
 @dataclass
 class GibbsResult:
     """Draws of every recorded quantity, each of shape ``(chains, draws, ...)``.
 
-    ``chains`` and ``n_draws`` are what was kept: fewer than asked for if ``interrupted``.
+    ``chains`` and ``n_draws`` are what was kept: fewer than asked for if ``interrupted``, more
+    than ``requested`` if the run was extended. ``extensions`` lists the extension rounds, each
+    ``{"from": draws before, "to": draws asked for, "max_r_hat": ..., "min_ess_bulk": ...}`` (the
+    diagnostics that called for it); ``max_draws`` is the cap the run could be extended to
+    (``requested`` when extension was off).
     """
 
     draws: dict
@@ -73,6 +95,9 @@ class GibbsResult:
     tune: int
     thin: int
     interrupted: bool = False
+    requested: int = 0
+    max_draws: int = 0
+    extensions: list = field(default_factory=list)
 
 
 def chain_generators(seed, chains):
@@ -80,20 +105,22 @@ def chain_generators(seed, chains):
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(chains)]
 
 
-def _run_one(model, rng, draws, tune, thin, record, progress, label, checkpoint=None, stop=None):
+def _run_one(model, rng, state, first, total, tune, thin, record, progress, label, checkpoint=None, stop=None):
+    """Sweeps ``first`` to ``total`` of one chain: ``(kept draws, interrupted, state, rng)``."""
     with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures(f"Gibbs sampling ({label})"):
-        return _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, stop)
+        return _scan(model, rng, state, first, total, tune, thin, record, progress, label, checkpoint, stop) + (rng,)
 
 
-def _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, stop):
-    """One chain: ``({name: [kept draws]}, interrupted)``; stops early on Ctrl-C or ``stop``.
+def _scan(model, rng, state, first, total, tune, thin, record, progress, label, checkpoint, stop):
+    """Sweeps ``first`` to ``total`` of one chain from ``state`` (None: a new chain):
+    ``({name: [kept draws]}, interrupted, last state)``; stops early on Ctrl-C or ``stop``.
 
-    With a ``checkpoint``, starts where its file left off and saves the chain's position at sweep
-    boundaries (every ``checkpoint.every`` seconds and when ``stop`` is seen).
+    Sweep ``it`` is a tuning sweep (followed by ``gibbs_adapt``) if ``it < tune``; after tuning
+    every ``thin``-th sweep is kept. With a ``checkpoint``, starts where its file left off and
+    saves the chain's position at sweep boundaries (every ``checkpoint.every`` seconds and when
+    ``stop`` is seen).
     """
     kept = {name: [] for name in record}
-    total = tune + draws * thin
-    first, state = 0, None
     if checkpoint is not None:
         first, state, kept = checkpoint.resume(rng, kept)
     # no tqdm object at all without a bar: a forked worker must not touch tqdm's (copied) lock
@@ -106,7 +133,7 @@ def _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, st
             if stop is not None and stop.is_set():
                 if checkpoint is not None:
                     checkpoint.save(it, state, kept, rng)
-                return kept, True
+                return kept, True, state
             state = model.gibbs_sweep(state, rng)
             if adapt is not None and it < tune:
                 state = adapt(state, it, tune)
@@ -119,11 +146,11 @@ def _scan(model, rng, draws, tune, thin, record, progress, label, checkpoint, st
             if checkpoint is not None and checkpoint.due():
                 checkpoint.save(it + 1, state, kept, rng)
     except KeyboardInterrupt:  # the last checkpoint (if any) stays: it was written at a sweep boundary
-        return kept, True
+        return kept, True, state
     finally:
         if bar is not None:
             bar.close()
-    return kept, False
+    return kept, False, state
 
 
 class Checkpoint:
@@ -191,20 +218,21 @@ class Checkpoint:
 
 
 def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, record=("theta",),
-               progress=True, n_jobs=1, checkpoint=None, checkpoint_every=60.0) -> GibbsResult:
-    """Run ``chains`` Gibbs chains of ``model``.
+               progress=True, n_jobs=1, checkpoint=None, checkpoint_every=60.0, max_draws=None,
+               monitor=None) -> GibbsResult:
+    """Run ``chains`` Gibbs chains of ``model``, extended until they converge (with a ``monitor``).
 
     Parameters
     ----------
     model
         Object with ``gibbs_initial_state(rng)`` and ``gibbs_sweep(state, rng)``.
     draws : int
-        Draws kept per chain (after thinning).
+        Draws kept per chain (after thinning) before the convergence check.
     tune : int
         Initial sweeps discarded per chain.
     chains : int
     thin : int
-        Keep every ``thin``-th sweep.
+        Keep every ``thin``-th sweep (also in the extension).
     seed : int or None
         Root seed; chain seeds are derived from it with ``numpy.random.SeedSequence``.
     record : sequence of str
@@ -218,16 +246,26 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         two 20-draw chains), and on the 2-core development machine, busy with other jobs (load
         6-9), two toenail chains of 4,200 sweeps took 5.9-8.2 s in parallel against 7.3-7.7 s
         serially. With ``spawn`` (outside Linux) each worker also needs ~1-2 s to import numpy,
-        scipy and pandas.
+        scipy and pandas. An extended run starts the workers again for each block.
 
     checkpoint : str or path, optional
         Base name of per-chain checkpoint files ``<checkpoint>.chain<c>.npz``, written (atomically,
         at sweep boundaries) every ``checkpoint_every`` seconds and when the run is stopped. If
         they exist, each chain resumes where its file left off, and the draws are the same as
         those of an uninterrupted run (the file holds the generator state). A file written by a
-        run with other arguments is refused. The files are removed when the run completes.
+        run with other arguments is refused. The files are removed when the run completes. A
+        checkpointed run is not extended.
     checkpoint_every : float
         Seconds between checkpoints.
+    max_draws : int, optional
+        Most draws per chain an extension may reach (default ``DEFAULT_MAX_DRAWS_FACTOR * draws``;
+        ``max_draws=draws`` switches the extension off). Used only with a ``monitor``.
+    monitor : callable, optional
+        ``monitor(draws) -> pandas.DataFrame`` with columns ``r_hat`` and ``ess_bulk``: the
+        diagnostics of the parameters that must converge, given the stacked draws
+        ``{name: (chains, n, ...)}``. While ``max r_hat > RHAT_TARGET`` or ``min ess_bulk <
+        ESS_TARGET`` (NaN rows, e.g. a constant, are ignored) and ``n < max_draws``, every chain
+        continues from its last state and generator state for :func:`extension_size` more draws.
 
     Returns
     -------
@@ -255,27 +293,101 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
                 "model": type(model).__name__}
         points = [Checkpoint(checkpoint, c, dict(meta, start=rngs[c].bit_generator.state), checkpoint_every)
                   for c in range(chains)]
-    args = [(model, rngs[c], draws, tune, thin, tuple(record), progress and n_jobs == 1,
-             f"chain {c + 1}/{chains}", points[c]) for c in range(chains)]
-    if n_jobs == 1:
-        out, interrupted = {}, False
-        for c in range(chains):
-            out[c], interrupted = _run_one(*args[c])
-            if interrupted:
-                break
-    else:
-        out, interrupted = _run_parallel(args, n_jobs)
-    stacked, kept_chains, n_kept = _common_length(out, record, interrupted)
+    cap = draws if monitor is None or checkpoint is not None else max(
+        draws, DEFAULT_MAX_DRAWS_FACTOR * draws if max_draws is None else max_draws)
+    record = tuple(record)
+    chain_runs = _Chains(model, rngs, tune, thin, record, progress, n_jobs, points)
+    done, target, extensions = 0, draws, []
+    while True:
+        interrupted = chain_runs.run(done, target)
+        if interrupted or target >= cap:
+            break
+        done = target
+        stacked = _common_length(chain_runs.kept, record, False)[0]
+        diag = monitor(stacked)
+        extra = extension_size(diag, done, draws)
+        if extra == 0:
+            break
+        target = min(cap, done + extra)
+        worst_r, worst_e = shortfall(diag)
+        extensions.append({"from": done, "to": target, "max_r_hat": worst_r, "min_ess_bulk": worst_e})
+    stacked, kept_chains, n_kept = _common_length(chain_runs.kept, record, interrupted)
     if not interrupted and checkpoint is not None:
         for point in points:
             point.remove()
     if interrupted:
         warnings.warn(
             f"Gibbs sampling was interrupted (KeyboardInterrupt): returning {kept_chains} chain(s) x "
-            f"{n_kept} draws of the {chains} x {draws} asked for. R-hat and ESS from so few draws are "
+            f"{n_kept} draws of the {chains} x {target} asked for. R-hat and ESS from so few draws are "
             "unreliable; rerun to completion before drawing conclusions.", InterruptWarning, stacklevel=2)
     return GibbsResult(draws=stacked, seconds=time.perf_counter() - start, chains=kept_chains,
-                       n_draws=n_kept, tune=tune, thin=thin, interrupted=interrupted)
+                       n_draws=n_kept, tune=tune, thin=thin, interrupted=interrupted, requested=draws,
+                       max_draws=cap, extensions=extensions)
+
+
+def shortfall(diag):
+    """``(max R-hat, min bulk ESS)`` of a diagnostics table, ignoring NaN rows (NaN if all are)."""
+    r = diag["r_hat"].to_numpy(dtype=float)
+    e = diag["ess_bulk"].to_numpy(dtype=float)
+    worst_r = float(np.max(r[np.isfinite(r)])) if np.isfinite(r).any() else math.nan
+    worst_e = float(np.min(e[np.isfinite(e)])) if np.isfinite(e).any() else math.nan
+    return worst_r, worst_e
+
+
+def extension_size(diag, n, block):
+    """Draws per chain to add to chains of ``n`` draws whose diagnostics are ``diag`` (0 if the
+    targets hold).
+
+    ESS grows about linearly with the draws once the chains mix, and ``R-hat - 1`` shrinks about
+    like ``1 / ESS``, so the chains need about ``n * max(ESS_TARGET / ESS, (R-hat - 1) /
+    (RHAT_TARGET - 1))`` draws, plus 10% for the noise of the estimates. A block adds at least a
+    tenth and at most ``block`` (the requested draws), so that an estimate from chains that have
+    not mixed yet is revised before the run grows far.
+    """
+    worst_r, worst_e = shortfall(diag)
+    if not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET):
+        return 0
+    factor = max(ESS_TARGET / max(worst_e, 1.0) if worst_e < ESS_TARGET else 1.0,
+                 (worst_r - 1.0) / (RHAT_TARGET - 1.0) if worst_r > RHAT_TARGET else 1.0)
+    wanted = math.ceil(n * (1.1 * factor - 1.0))
+    return int(min(block, max(wanted, math.ceil(block / 10))))
+
+
+class _Chains:
+    """The chains of one run between blocks: each chain's kept draws, last state and generator.
+
+    :meth:`run` continues every chain from where it stopped, serially or in forked worker
+    processes, which return the chain's new draws, its last state and its generator.
+    """
+
+    def __init__(self, model, rngs, tune, thin, record, progress, n_jobs, points):
+        self.model, self.rngs, self.tune, self.thin, self.record = model, rngs, tune, thin, record
+        self.progress, self.n_jobs, self.points = progress, n_jobs, points
+        self.states = [None] * len(rngs)
+        self.kept = {c: {name: [] for name in record} for c in range(len(rngs))}
+
+    def run(self, done, target):
+        """Continue every chain from ``done`` to ``target`` kept draws; True if interrupted."""
+        chains = len(self.rngs)
+        first = 0 if done == 0 else self.tune + done * self.thin
+        args = [(self.model, self.rngs[c], self.states[c], first, self.tune + target * self.thin, self.tune,
+                 self.thin, self.record, self.progress and self.n_jobs == 1,
+                 f"chain {c + 1}/{chains}" + (f" (to {target} draws)" if done else ""), self.points[c])
+                for c in range(chains)]
+        if self.n_jobs == 1:
+            out, interrupted = {}, False
+            for c in range(chains):
+                out[c] = _run_one(*args[c])
+                if out[c][1]:
+                    interrupted = True
+                    break
+        else:
+            out, interrupted = _run_parallel(args, self.n_jobs)
+        for c, (kept, _, state, rng) in out.items():
+            for name in self.record:
+                self.kept[c][name].extend(kept[name])
+            self.states[c], self.rngs[c] = state, rng
+        return interrupted
 
 
 def _common_length(out, record, interrupted):
@@ -298,17 +410,18 @@ def _start_method():
 
 
 def _worker(conn, stop, tasks):
-    """Body of a worker process: run ``tasks`` (chain index, arguments) and send each result."""
+    """Body of a worker process: run ``tasks`` (chain index, arguments) and send each result
+    (the chain's new draws, whether it was stopped, its last state and its generator)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (via ``stop``)
     try:
         for c, task in tasks:
             try:
-                kept, interrupted = _run_one(*task, stop=stop)
+                result = _run_one(*task, stop=stop)
             except Exception as exc:  # noqa: BLE001 - reported to the parent, which raises it
                 conn.send(("error", c, _picklable(exc)))
                 return
-            conn.send(("chain", c, (kept, interrupted)))
-            if interrupted:
+            conn.send(("chain", c, result))
+            if result[1]:
                 return
     finally:
         conn.close()
@@ -325,7 +438,7 @@ def _picklable(exc):
 
 
 def _run_parallel(args, n_jobs):
-    """Run the chains in ``min(n_jobs, chains)`` processes; ``({chain: kept}, interrupted)``."""
+    """Run the chains in ``min(n_jobs, chains)`` processes; ``({chain: result of _run_one}, interrupted)``."""
     pool = _ChainProcesses(args, n_jobs)
     try:
         try:
@@ -390,7 +503,7 @@ class _ChainProcesses:
                     continue
                 if kind == "error":
                     raise payload
-                self.out[c] = payload[0]
+                self.out[c] = payload
 
     def _finished(self, receive):
         proc, mine = self.open.pop(receive)

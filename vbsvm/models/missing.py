@@ -1238,7 +1238,6 @@ def fit_imputed(design, settings, prior=None):
         (:class:`vbsvm.selection_fit.ImputedSelectionFit` with ``prior``).
     """
     from ..api import _random_effects_label
-    from ..imputed_fit import ImputedFit
 
     method = settings["method"]
     if method not in ("vb", "gibbs"):
@@ -1352,6 +1351,27 @@ def fit_imputed(design, settings, prior=None):
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     else:
         from ..inference.gibbs import run_chains
+        from ..results import record_run_length
+
+        def on_original_scale(draws):
+            theta = draws["u" if prior is not None else "theta"].copy()
+            theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
+            posterior = {
+                "theta_draws": theta, "sigma2_draws": draws["sigma2"],
+                "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
+                "x_missing_draws": center[cc] + scale[cc] * draws["x_missing"],
+                "mu_draws": center + scale * draws["mu"],
+                "Sigma_draws": draws["Sigma"] * np.outer(scale, scale),
+            }
+            if cut:
+                posterior["gamma_draws"] = scale * draws["gamma"]
+            if lin.covariance_components:
+                posterior["cov_draws"] = draws["cov"]
+            if prior is not None:  # "gamma_draws" are the indicators of a selection fit
+                posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
+                                 gamma_draws=draws["incl"].astype(np.int8),
+                                 sel_index=model.svm.sel.astype(np.int64))
+            return posterior
 
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
@@ -1359,36 +1379,35 @@ def fit_imputed(design, settings, prior=None):
                          record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood",
                                  "x_missing", "mu", "Sigma")
                          + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
-                         + (("incl",) if prior is not None else ()))
-        theta = res.draws["u" if prior is not None else "theta"].copy()
-        theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
-        posterior = {
-            "theta_draws": theta, "sigma2_draws": res.draws["sigma2"],
-            "log_pseudo_likelihood": res.draws["log_pseudo_likelihood"],
-            "x_missing_draws": center[cc] + scale[cc] * res.draws["x_missing"],
-            "mu_draws": center + scale * res.draws["mu"],
-            "Sigma_draws": res.draws["Sigma"] * np.outer(scale, scale),
-        }
-        if cut:
-            posterior["gamma_draws"] = scale * res.draws["gamma"]
-        if lin.covariance_components:
-            posterior["cov_draws"] = res.draws["cov"]
-        if prior is not None:  # "gamma_draws" are the indicators of a selection fit
-            posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
-                             gamma_draws=res.draws["incl"].astype(np.int8))
+                         + (("incl",) if prior is not None else ()), max_draws=settings.get("max_draws"),
+                         monitor=lambda draws: _fit_class(prior)(
+                             design=design, layout=layout, method=method, posterior=on_original_scale(draws),
+                             settings=settings if prior is None else dict(settings, prior=prior.to_dict()),
+                             info=dict(info)).summary_diagnostics())
+        posterior = on_original_scale(res.draws)
+        record_run_length(info, res)
         info.update(seconds=res.seconds)
-    cls = ImputedFit
     if prior is not None:
-        from ..selection_fit import ImputedSelectionFit
-
-        cls = ImputedSelectionFit
         posterior["sel_index"] = model.svm.sel.astype(np.int64)
         settings = dict(settings, prior=prior.to_dict())
-    fit = cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    fit = _fit_class(prior)(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
+                            info=info)
     fit.info["summary_notes"] = fit._imputation_notes()
     if method == "gibbs":
         fit._warn_diagnostics()
     return fit
+
+
+def _fit_class(prior):
+    """The class of an imputed fit: :class:`~vbsvm.selection_fit.ImputedSelectionFit` with a
+    Laplace-zero ``prior``, else :class:`~vbsvm.imputed_fit.ImputedFit`."""
+    if prior is None:
+        from ..imputed_fit import ImputedFit
+
+        return ImputedFit
+    from ..selection_fit import ImputedSelectionFit
+
+    return ImputedSelectionFit
 
 
 def pooled_vb_cut(model, settings):

@@ -765,7 +765,7 @@ def fit_laplace_zero(design, settings, prior):
     vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
         As :func:`selection_setup`.
     """
-    from ..results import ThetaLayout
+    from ..results import ThetaLayout, record_run_length
     from ..selection_fit import SelectionFit
 
     if settings.get("missing") == "impute":
@@ -806,17 +806,26 @@ def fit_laplace_zero(design, settings, prior):
         posterior = _vb_posterior(model, res, M)
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
     else:
+        def on_original_scale(draws):
+            u = draws["u"].copy()
+            u[..., : base.qd] = u[..., : base.qd] @ M.T
+            posterior = {"theta_draws": u, "sigma2_draws": draws["sigma2"],
+                         "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
+                         "gamma_draws": draws["gamma"].astype(np.int8), "sel_index": model.sel.astype(np.int64)}
+            if base.covariance_components:
+                posterior["cov_draws"] = draws["cov"]
+            return posterior
+
+        fit_settings = dict(settings, prior=prior.to_dict())
         gres = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
                           thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
                           n_jobs=settings["n_jobs"], record=("u", "gamma", "sigma2", "log_pseudo_likelihood")
-                          + (("cov",) if base.covariance_components else ()))
-        u = gres.draws["u"].copy()
-        u[..., : base.qd] = u[..., : base.qd] @ M.T
-        posterior = {"theta_draws": u, "sigma2_draws": gres.draws["sigma2"],
-                     "log_pseudo_likelihood": gres.draws["log_pseudo_likelihood"],
-                     "gamma_draws": gres.draws["gamma"].astype(np.int8)}
-        if base.covariance_components:
-            posterior["cov_draws"] = gres.draws["cov"]
+                          + (("cov",) if base.covariance_components else ()), max_draws=settings.get("max_draws"),
+                          monitor=lambda draws: SelectionFit(
+                              design=design, layout=layout, settings=fit_settings, method=method,
+                              posterior=on_original_scale(draws), info=dict(info)).summary_diagnostics())
+        posterior = on_original_scale(gres.draws)
+        record_run_length(info, gres)
         info.update(seconds=gres.seconds)
     posterior["sel_index"] = model.sel.astype(np.int64)
     settings = dict(settings, prior=prior.to_dict())
