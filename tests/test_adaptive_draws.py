@@ -36,7 +36,26 @@ class Monitor:
         return self.diag
 
 
+@pytest.fixture(autouse=True)
+def _extend_however_far(monkeypatch):
+    """The tests below force extensions with chains far from the targets (ESS 1 from the fixed
+    monitor, 50-draw fits), which the engine otherwise does not extend (``HOPELESS``)."""
+    monkeypatch.setattr(gibbs, "HOPELESS", np.inf)
+
+
 # ----------------------------------------------------------------------------- engine
+def test_no_extension_when_the_cap_cannot_help(monkeypatch):
+    """Chains whose ESS projects to more than HOPELESS x max_draws are not extended (they warn)."""
+    monkeypatch.setattr(gibbs, "HOPELESS", 2.0)
+    kw = dict(tune=5, chains=2, seed=4, progress=False)
+    hopeless = Monitor(r_hat=1.0, ess=40.0)  # needs 20 * 1.1 * 10 = 220 > 2 * 60 draws
+    res = run_chains(Counter(), draws=20, max_draws=60, monitor=hopeless, **kw)
+    assert (res.n_draws, res.extensions, hopeless.seen) == (20, [], [20])
+    near = Monitor(r_hat=1.0, ess=200.0)  # needs 44 <= 120: extended
+    res = run_chains(Counter(), draws=20, max_draws=60, monitor=near, **kw)
+    assert res.n_draws > 20 and res.extensions
+
+
 @pytest.mark.parametrize("n_jobs", [1, 2])
 def test_extended_chains_equal_one_uninterrupted_run(n_jobs):
     kw = dict(tune=5, chains=3, seed=4, progress=False)

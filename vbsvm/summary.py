@@ -90,7 +90,11 @@ def _header(fit) -> dict:
         head["Chains x draws:"] = f"{s['chains']} x {fit.info.get('draws', s['draws'])} (tune {s['tune']}, thin {s['thin']})"
         if fit.info.get("draws_extended"):
             head["Extended:"] = _extension(fit)
-        diag = fit.diagnostics()
+        # the parameters the run length and the convergence warning judge (fixed effects and
+        # variances), not the random-effect levels, whose own R-hat/ESS are in their table
+        diag = fit.summary_diagnostics() if hasattr(fit, "summary_diagnostics") else None
+        if diag is None or diag.empty:
+            diag = fit.diagnostics()
         head["Max R-hat:"] = format_number(float(diag["r_hat"].max()))
         head["Min bulk ESS:"] = format_number(int(round(diag["ess_bulk"].min())))
     else:

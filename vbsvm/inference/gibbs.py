@@ -75,6 +75,9 @@ RHAT_TARGET = 1.01
 ESS_TARGET = 400
 #: ``max_draws`` defaults to this many times ``draws`` (1 switches the adaptive run length off)
 DEFAULT_MAX_DRAWS_FACTOR = 4
+#: no extension when the draws needed exceed this multiple of max_draws (a chain that has not
+#: mixed: sim500x100's ESS stayed at 5-6 from 1000 to 4000 draws, which only delayed the warning)
+HOPELESS = 2.0
 
 
 @dataclass
@@ -265,7 +268,9 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         diagnostics of the parameters that must converge, given the stacked draws
         ``{name: (chains, n, ...)}``. While ``max r_hat > RHAT_TARGET`` or ``min ess_bulk <
         ESS_TARGET`` (NaN rows, e.g. a constant, are ignored) and ``n < max_draws``, every chain
-        continues from its last state and generator state for :func:`extension_size` more draws.
+        continues from its last state and generator state for :func:`extension_size` more draws,
+        unless the draws needed (:func:`draws_needed`) exceed ``HOPELESS * max_draws``: chains that
+        far from mixing gain nothing from the cap but time, and the fit's warning gives the count.
 
     Returns
     -------
@@ -306,8 +311,8 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         stacked = _common_length(chain_runs.kept, record, False)[0]
         diag = monitor(stacked)
         extra = extension_size(diag, done, draws)
-        if extra == 0:
-            break
+        if extra == 0 or draws_needed(diag, done) > HOPELESS * cap:
+            break  # done, or so far short that the cap cannot help: the fit warns with the draws needed
         target = min(cap, done + extra)
         worst_r, worst_e = shortfall(diag)
         extensions.append({"from": done, "to": target, "max_r_hat": worst_r, "min_ess_bulk": worst_e})
@@ -344,13 +349,21 @@ def extension_size(diag, n, block):
     tenth and at most ``block`` (the requested draws), so that an estimate from chains that have
     not mixed yet is revised before the run grows far.
     """
+    needed = draws_needed(diag, n)
+    if needed <= n:
+        return 0
+    return int(min(block, max(needed - n, math.ceil(block / 10))))
+
+
+def draws_needed(diag, n):
+    """Draws per chain that chains of ``n`` draws with diagnostics ``diag`` need to reach the
+    targets (``n`` if they hold), by the linear-growth rule of :func:`extension_size`."""
     worst_r, worst_e = shortfall(diag)
     if not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET):
-        return 0
+        return n
     factor = max(ESS_TARGET / max(worst_e, 1.0) if worst_e < ESS_TARGET else 1.0,
                  (worst_r - 1.0) / (RHAT_TARGET - 1.0) if worst_r > RHAT_TARGET else 1.0)
-    wanted = math.ceil(n * (1.1 * factor - 1.0))
-    return int(min(block, max(wanted, math.ceil(block / 10))))
+    return math.ceil(n * 1.1 * factor)
 
 
 class _Chains:
