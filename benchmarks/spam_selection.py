@@ -81,8 +81,8 @@ def spam_full(spam, args, out):
     w0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        gb = vbsvm.svm("type ~ .", data, prior=prior, method="gibbs", draws=draws, tune=tune, chains=4, seed=1,
-                       progress=False, n_jobs=2)
+        gb = vbsvm.svm("type ~ .", data, prior=prior, method="gibbs", draws=draws, max_draws=draws, tune=tune,
+                       chains=4, seed=1, progress=False, n_jobs=2)
     gwall = time.perf_counter() - w0
     diag = indicator_diagnostics(gb)
     inc_vb, inc_gb = vb.inclusion(), gb.inclusion()
@@ -190,6 +190,9 @@ def main():
     out["machine"]["loadavg_at_end"] = os.getloadavg()
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / ("spam_selection_quick.json" if args.quick else "spam_selection.json")
+    if args.skip and path.exists():  # keep the parts not rerun (each part records its own machine load)
+        for key, value in json.loads(path.read_text()).items():
+            out.setdefault(key, value)
     path.write_text(json.dumps(out, indent=2, default=float))
     print(f"wrote {path}")
 
