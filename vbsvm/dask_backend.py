@@ -49,9 +49,15 @@ from Parquet: memory flat in n) unless ``persist`` keeps each partition's design
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import math
 import numbers
+import os
+import pickle
+import shutil
+import tempfile
 
 import numpy as np
 import pandas as pd
@@ -267,6 +273,15 @@ def _prototype(data, levels, mins, maxs, numeric_cols) -> pd.DataFrame:
     return frame
 
 
+#: rows of a partition put through formulaic at a time (a worker's transient memory is then
+#: independent of the partitions' size)
+CHUNK_ROWS = 32_768
+
+
+def _chunks(n) -> list:
+    return [slice(s, min(s + CHUNK_ROWS, n)) for s in range(0, n, CHUNK_ROWS)]
+
+
 class _DesignSpec:
     """What a partition task needs to build its rows: the design and the model's priors."""
 
@@ -288,24 +303,35 @@ class _DesignSpec:
         rows, _ = self.rows(frame)
         if len(rows) == 0:
             return None
-        X = d.new_X(rows)
+        # by chunks of rows, so that formulaic's copies stay small whatever the partition's size;
+        # column-major, the layout the model's products use (LinearSVMModel then keeps it as is)
+        X = np.empty((len(rows), d.p), order="F")
+        effects = []
+        for chunk in _chunks(len(rows)):
+            X[chunk] = d.new_X(rows.iloc[chunk])
+            effects.append(d.new_random_effects(rows.iloc[chunk], new_levels="error"))
         y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
-        groups = [(codes, g.n_levels, g.name, Z)
-                  for g, (codes, Z) in zip(d.groups, d.new_random_effects(rows, new_levels="error"))]
+        groups = [(np.concatenate([e[k][0] for e in effects]), g.n_levels, g.name,
+                   np.concatenate([e[k][1] for e in effects]))
+                  for k, g in enumerate(d.groups)]
         return LinearSVMModel(X, y, groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
                               A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
                               intercept=d.column_names.index("Intercept") if d.has_intercept else None)
 
 
 def _column_moments(frame, spec):
+    """Count, mean, sum of squared deviations and largest absolute value of each unstandardized
+    design column over a partition's complete rows (by chunks, combined by Chan's formulas), and
+    its incomplete rows (twice: dropped, and counted for ``missing="raise"``)."""
     rows, n_bad = spec.rows(frame)
-    X = spec.design.new_X(rows, standardized=False)
-    n = X.shape[0]
-    if n == 0:
-        z = np.zeros(X.shape[1])
-        return 0, z, z.copy(), z.copy(), n_bad, n_bad
-    mean = X.mean(axis=0)
-    return n, mean, ((X - mean) ** 2).sum(axis=0), np.abs(X).max(axis=0), n_bad, n_bad
+    zero = np.zeros(spec.design.p)
+    parts = [(0, zero, zero, zero, 0, 0)]
+    for chunk in _chunks(len(rows)):
+        X = spec.design.new_X(rows.iloc[chunk], standardized=False)
+        mean = X.mean(axis=0)
+        parts.append((X.shape[0], mean, ((X - mean) ** 2).sum(axis=0), np.abs(X).max(axis=0), 0, 0))
+    n, mean, m2, top, _, _ = _combine_moments(*parts)
+    return n, mean, m2, top, n_bad, n_bad
 
 
 def _combine_moments(*parts):
@@ -322,6 +348,114 @@ def _combine_moments(*parts):
             n = tot
         bad, inc = bad + badb, inc + incb
     return n, mean, m2, top, bad, inc
+
+
+# ============================================================================ partition blocks
+#: sweep posteriors whose ``log chi`` a partition keeps, the least recently used dropped first: a
+#: SQUAREM step reads at most four (its start, its two sweeps, the newest)
+CHI_KEPT = 5
+
+#: pickle buffers below this many bytes stay inside a spilled block's pickle (not in a file)
+SMALL_BUFFER = 1 << 16
+
+
+def _task_block(frame, spec, path):
+    """A raw partition's :class:`_Block`: in memory (``path`` None) or spilled under ``path``."""
+    model = spec.model(frame)
+    return _Resident(model) if path is None else _Spilled(model, path)
+
+
+class _Block:
+    """One partition's rows as the sweeps use them — its :class:`LinearSVMModel` (the design's rows
+    in the column-major layout of the Gram, the labels, the level codes), built once from the raw
+    partition — and a memory of per-row arrays by key (the ``log chi`` of the last ``CHI_KEPT``
+    sweep posteriors used, the least recently used dropped). Kept on a worker by ``dask.persist``;
+    the subclasses hold the arrays in memory or in files. The memory is an optimization only: a
+    task that misses it recomputes ``log chi`` from the posterior (e.g. on a worker holding a copy
+    of the block)."""
+
+    def __init__(self):
+        self._kept = []  # keys, least recently used first
+
+    def _touch(self, key) -> list:
+        """Mark ``key`` used; returns the keys to drop."""
+        if key in self._kept:
+            self._kept.remove(key)
+        self._kept.append(key)
+        dropped, self._kept = self._kept[:-CHI_KEPT], self._kept[-CHI_KEPT:]
+        return dropped
+
+
+class _Resident(_Block):
+    """A :class:`_Block` in the worker's memory."""
+
+    def __init__(self, model):
+        super().__init__()
+        self._model = model
+        self._values = {}
+
+    def model(self):
+        return self._model
+
+    def recall(self, key):
+        got = self._values.get(key)
+        if got is not None:
+            self._touch(key)
+        return got
+
+    def remember(self, key, values):
+        self._values[key] = values
+        for old in self._touch(key):
+            del self._values[old]
+
+    def __sizeof__(self):  # what Dask counts as this block's memory
+        arrays = list(vars(self._model).values()) if self._model is not None else []
+        arrays += list(self._values.values())
+        return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+class _Spilled(_Block):
+    """A :class:`_Block` in files under ``path``: the model is pickled once (protocol 5) with its
+    large arrays written out of band, one raw file each, and every pass unpickles it over
+    read-only memory maps of those files (no copy; the pages come from the page cache or the
+    disk, and are released when the task ends). The remembered arrays are ``.npy`` files."""
+
+    def __init__(self, model, path):
+        super().__init__()
+        os.makedirs(path)
+        self.path = path
+        self._files = []
+
+        def out_of_band(buffer):
+            raw = buffer.raw()
+            if raw.nbytes < SMALL_BUFFER:
+                return True  # in the pickle
+            name = os.path.join(path, f"{len(self._files)}.bin")
+            with open(name, "wb") as fh:
+                fh.write(raw)
+            self._files.append(name)
+            return False
+
+        self._pickle = pickle.dumps(model, protocol=5, buffer_callback=out_of_band)
+
+    def model(self):
+        return pickle.loads(self._pickle, buffers=[np.memmap(f, dtype=np.uint8, mode="r") for f in self._files])
+
+    def _file(self, key) -> str:
+        return os.path.join(self.path, f"kept_{key}.npy")
+
+    def recall(self, key):
+        name = self._file(key)
+        if key not in self._kept or not os.path.exists(name):
+            return None
+        self._touch(key)
+        return np.load(name)
+
+    def remember(self, key, values):
+        np.save(self._file(key), values)
+        for old in self._touch(key):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._file(old))
 
 
 # ============================================================================ the model
@@ -383,46 +517,53 @@ def _log_chi(post, part):
     return np.log(hinge.update_chi(part.y, mf, vf))
 
 
-def _evaluate(expr, part, cache):
-    """Per-row values of a state expression on one partition (the in-memory arithmetic)."""
+def _evaluate(expr, part, block):
+    """Per-row values of a state expression on one partition (the in-memory arithmetic); the
+    ``log chi`` of each sweep posterior comes from the partition's memory when it is still there
+    (:meth:`_Block.recall`), else it is recomputed from the posterior."""
     kind = expr[0]
     if kind == "zero":
         return np.zeros(part.n)
     if kind == "post":
-        key = id(expr[1])
-        if key not in cache:
-            cache[key] = _log_chi(expr[1], part)
-        return cache[key]
+        _, post, token = expr
+        got = block.recall(token)
+        if got is None:
+            got = _log_chi(post, part)
+            block.remember(token, got)
+        return got
     if kind == "mul":
-        return expr[1] * _evaluate(expr[2], part, cache)
-    a, b = _evaluate(expr[1], part, cache), _evaluate(expr[2], part, cache)
+        return expr[1] * _evaluate(expr[2], part, block)
+    a, b = _evaluate(expr[1], part, block), _evaluate(expr[2], part, block)
     return a + b if kind == "add" else a - b
 
 
-def _task_gram(src, spec, rows):
-    part = spec.model(src)
+def _task_gram(block, rows):
+    part = block.model()
     if part is None:
         return None
-    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, {})))
+    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, block)))
     return _gram_parts(WorkingGram(part, w, hinge.working_response(part.y, w)))
 
 
-def _task_elbo(src, spec, post):
-    part = spec.model(src)
+def _task_elbo(block, post, token):
+    """The hinge terms of the ELBO of ``post``; keeps the partition's ``log chi`` under ``token``
+    (the next sweep's state, usually)."""
+    part = block.model()
     if part is None:
         return 0.0
     p = copy.copy(post)
     p.model = part
     mf, vf = p.linear_predictor()
-    return hinge.elbo(part.y, mf, vf, hinge.update_chi(part.y, mf, vf))
+    chi = hinge.update_chi(part.y, mf, vf)
+    block.remember(token, np.log(chi))
+    return hinge.elbo(part.y, mf, vf, chi)
 
 
-def _task_norms(src, spec, r, v):
-    part = spec.model(src)
+def _task_norms(block, r, v):
+    part = block.model()
     if part is None:
         return 0.0, 0.0, True
-    cache = {}
-    rv, vv = _evaluate(r, part, cache), _evaluate(v, part, cache)
+    rv, vv = _evaluate(r, part, block), _evaluate(v, part, block)
     return float(rv @ rv), float(vv @ vv), bool(np.all(np.isfinite(vv)))
 
 
@@ -445,18 +586,17 @@ class DaskLinearModel:
 
     Parameters
     ----------
-    sources : list of dask.delayed.Delayed
-        One per partition: the raw partition frame, or its persisted
-        :class:`~vbsvm.models.linear.LinearSVMModel`.
-    spec : _DesignSpec
-        The design and the prior settings.
+    blocks : list of dask.delayed.Delayed
+        One persisted :class:`_Block` per partition.
+    design : Design
+        From :func:`learn_design`.
+    settings : dict
+        The checked settings of :func:`vbsvm.svm` (the priors).
     """
 
-    def __init__(self, sources, spec):
-        d, s = spec.design, spec.settings
-        self.sources, self.spec = sources, spec
-        dask = _dask()
-        self._spec = dask.delayed(spec, pure=False)
+    def __init__(self, blocks, design, settings):
+        d, s = design, settings
+        self.blocks = blocks
         # the model without rows: it owns the layout, the priors and the row-free algebra
         groups = [(np.zeros(0, np.int64), g.n_levels, g.name, np.zeros((0, g.q))) for g in d.groups]
         self.skeleton = LinearSVMModel(
@@ -466,12 +606,12 @@ class DaskLinearModel:
         self.n = d.n
         self.blas_work = 0.0  # the client's products are q-sized
         self.passes = 0
+        self._tokens = itertools.count()  # names the sweep posteriors in the blocks' memories
 
     def _reduce(self, task, combine, *args):
         dask = _dask()
         shared = [dask.delayed(a, pure=False) for a in args]
-        out = dask.compute(_tree_reduce([dask.delayed(task)(src, self._spec, *shared) for src in self.sources],
-                                        combine))[0]
+        out = dask.compute(_tree_reduce([dask.delayed(task)(b, *shared) for b in self.blocks], combine))[0]
         self.passes += 1
         return out
 
@@ -480,12 +620,14 @@ class DaskLinearModel:
 
     def vb_sweep(self, state: DaskState):
         """One sweep of :meth:`LinearSVMModel.vb_sweep`: a pass for the working Gram given the
-        state, the update of q on the client, a pass for the hinge terms of the ELBO."""
+        state, the update of q on the client, a pass for the hinge terms of the ELBO (which
+        leaves each partition's ``log chi`` of the new q in its block, for the next pass)."""
         _, Bq, q_cov = self.skeleton._unpack_state(state.glob)
         A, bd, D, G, br = self._reduce(_task_gram, _sum_gram, state.rows)
         q = self.skeleton.vb_update(Bq, q_cov, gram=_Gram(A, bd, D, G, br))
-        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"]))
-        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"])), q, value
+        token = next(self._tokens)
+        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"], token))
+        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"], token)), q, value
 
     def vb_state_norms(self, r: DaskState, v: DaskState):
         """``(||r||, ||v||, v finite)`` of SQUAREM's differences, in one pass."""
@@ -558,24 +700,28 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     width = design.p + sum(g.n_levels * g.q for g in design.groups) + 4
     if persist == "auto":
         persist = 8.0 * design.n * width < _memory_budget()
-    if persist:
-        models = [dask.delayed(spec.model)(s) for s in sources]
-        sources = list(dask.persist(*models))
-    model = DaskLinearModel(sources, spec)
-    layout = ThetaLayout.from_model(model.skeleton, design)
-    M = design.to_original(model.skeleton.qd)
-    info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
-            "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
-            "partitions": int(data.npartitions), "persisted": bool(persist)}
-    with numerical_failures("variational Bayes"):
-        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
-                                accelerate=settings["accelerate"])
-    posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
-    info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
-                **res.info)
-    fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
-                       info=info)
-    fit.info["prob_calibration"] = list(_probit_calibration(fit, data[list(design.raw.columns)].to_delayed(), spec))
+    root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
+    try:
+        blocks = list(dask.persist(*[dask.delayed(_task_block)(src, spec, root and os.path.join(root, str(k)))
+                                     for k, src in enumerate(sources)]))
+        model = DaskLinearModel(blocks, design, settings)
+        layout = ThetaLayout.from_model(model.skeleton, design)
+        M = design.to_original(model.skeleton.qd)
+        info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
+                "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
+                "partitions": int(data.npartitions), "persisted": bool(persist)}
+        with numerical_failures("variational Bayes"):
+            res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
+                                    accelerate=settings["accelerate"])
+        posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
+        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
+                    **res.info)
+        fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
+                           info=info)
+        fit.info["prob_calibration"] = list(_probit_calibration(res.q["theta"], blocks))
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
     return fit
 
 
@@ -601,43 +747,47 @@ def _memory_budget() -> float:
     return 0.5 * total if total > 0 else 1e9
 
 
-def _task_scores(frame, fit):
-    """``(y m, s)`` of the complete training rows of a partition (for the probit scale)."""
-    d = fit.design
-    rows = frame.loc[~d.incomplete_rows(frame)]
-    if len(rows) == 0:
-        return np.zeros(0), np.zeros(0)
-    score = fit.predict_score(rows, new_levels="zero")
-    y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
-    return y * score["mean"].to_numpy(), np.nan_to_num(score["sd"].to_numpy())
+def _scores(block, post):
+    """``(y m, s)`` of the partition's rows under ``post`` (for the probit scale), from its block's
+    memory or computed and kept there; None for an empty partition."""
+    got = block.recall("scores")
+    if got is None:
+        part = block.model()
+        if part is None:
+            return None
+        p = copy.copy(post)
+        p.model = part
+        mf, vf = p.linear_predictor()
+        got = np.stack([part.y * mf, np.sqrt(np.maximum(vf, 0.0))])
+        block.remember("scores", got)
+    return got
 
 
-def _task_nll(ms, a):
+def _task_nll(block, post, a):
     from scipy.special import log_ndtr
 
-    ym, s = ms
+    got = _scores(block, post)
+    if got is None:
+        return 0.0
+    ym, s = got
     return -float(log_ndtr(a * ym / np.sqrt(1.0 + (a * s) ** 2)).sum())
 
 
-def _probit_calibration(fit, sources, spec):
+def _probit_calibration(post, blocks):
     """:func:`vbsvm.results.fit_probit_calibration` over the partitions: the scores of the
-    training rows are computed once and kept on the workers (16 bytes a row) while the
-    one-dimensional search sums the log likelihood over them; released afterwards."""
+    training rows under the final ``q(theta)`` are computed at the first evaluation and kept in
+    the blocks (16 bytes a row, in memory or in the spill files) while the one-dimensional search
+    sums the log likelihood over them."""
     from .results import calibration_scale
 
     dask = _dask()
-    light = _light_fit(fit)
-    shared = dask.delayed(light, pure=False)
-    scores = list(dask.persist(*[dask.delayed(_task_scores)(s, shared) for s in sources]))
+    shared = dask.delayed(post, pure=False)
 
     def nll(log_a):
         a = math.exp(log_a)
-        return dask.compute(_tree_reduce([dask.delayed(_task_nll)(s, a) for s in scores], _sum_floats))[0]
+        return dask.compute(_tree_reduce([dask.delayed(_task_nll)(b, shared, a) for b in blocks], _sum_floats))[0]
 
-    try:
-        return calibration_scale(nll)
-    finally:
-        del scores
+    return calibration_scale(nll)
 
 
 def _light_fit(fit):
