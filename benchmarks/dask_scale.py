@@ -92,14 +92,15 @@ def measure_blas(path: Path, max_rows: int) -> dict:
     df = pd.concat(frames, ignore_index=True).iloc[:max_rows]
     X = np.asfortranarray(np.column_stack([np.ones(len(df)), df.drop(columns="y").to_numpy(float)]))
     w = np.random.default_rng(0).uniform(0.1, 2.0, len(df))
-    times = []
+    times, cpu = [], []
     load0 = load()
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         X.T @ (w[:, None] * X)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     return {"kind": "blas", "rows": len(df), "pass_seconds": min(times), "ns_per_row": 1e9 * min(times) / len(df),
-            "load": [load0, load()]}
+            "cpu_ns_per_row": 1e9 * min(cpu) / len(df), "load": [load0, load()]}
 
 
 def measure_inmem(path: Path) -> dict:
@@ -111,10 +112,10 @@ def measure_inmem(path: Path) -> dict:
     t0 = time.perf_counter()
     df = pd.read_parquet(path)
     t_read = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fit = vbsvm.svm(FORMULA, df, method="meanfield")
-    wall = time.perf_counter() - t0
-    return {"kind": "inmem", "rows": len(df), "read_seconds": t_read, "wall_seconds": wall,
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"kind": "inmem", "rows": len(df), "read_seconds": t_read, "wall_seconds": wall, "cpu_fraction": cpu / wall,
             "vb_seconds": fit.info["seconds"], "sweeps": fit.info["n_sweeps"],
             "sweep_seconds": fit.info["seconds"] / fit.info["n_sweeps"], "client_peak_mb": peak_rss_mb(),
             "load": [load0, load()], "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
@@ -133,16 +134,22 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
     with dask.config.set(config), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                                                memory_limit=memory_limit, dashboard_address=None) as cluster, \
             Client(cluster) as client:
-        peak = {"worker_mb": 0.0, "idle_mb": max(client.run(lambda: psutil.Process().memory_info().rss).values()) / 2 ** 20}
-        stop = threading.Event()
-
         def rss():
             return psutil.Process().memory_info().rss / 2 ** 20
+
+        def cpu():
+            t = psutil.Process().cpu_times()
+            return t.user + t.system
+
+        peak = {"worker_mb": 0.0, "idle_mb": max(client.run(rss).values())}
+        cpu_trace = []  # (time, the workers' CPU seconds, the client's (with the scheduler))
+        stop = threading.Event()
 
         def poll():
             while not stop.is_set():
                 try:
                     peak["worker_mb"] = max([peak["worker_mb"], *client.run(rss).values()])
+                    cpu_trace.append((time.perf_counter(), sum(client.run(cpu).values()), cpu()))
                 except Exception:  # noqa: BLE001 - a poll during shutdown
                     pass
                 stop.wait(0.5)
@@ -158,12 +165,20 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
         thread.join()
         limit = sum(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     info = fit.info
+    # CPU seconds of the VB sweeps (the polls nearest the start of the sweeps and the end of the fit)
+    trace = np.array(cpu_trace)
+    t_vb = t0 + info["seconds_setup"]
+    k0 = int(np.argmin(np.abs(trace[:, 0] - t_vb)))
+    k1 = int(np.argmin(np.abs(trace[:, 0] - (t_vb + info["seconds"]))))
+    vb_cpu_workers, vb_cpu_client = trace[k1, 1] - trace[k0, 1], trace[k1, 2] - trace[k0, 2]
+    vb_span = trace[k1, 0] - trace[k0, 0]
     return {"kind": "dask persisted" if persist else "dask spilled", "rows": fit.n_obs, "workers": workers,
             "partitions": info["partitions"], "memory_limit_total_mb": limit / 2 ** 20,
             "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20, "wall_seconds": wall, "vb_seconds": info["seconds"],
-            "setup_seconds": wall - info["seconds"], "sweeps": info["n_sweeps"], "passes": info["passes"],
+            "setup_seconds": info["seconds_setup"], "sweeps": info["n_sweeps"], "passes": info["passes"],
             "sweep_seconds": info["seconds"] / info["n_sweeps"], "pass_seconds": info["seconds"] / info["passes"],
             "client_peak_mb": peak_rss_mb(), "worker_idle_mb": peak["idle_mb"], "worker_peak_mb": peak["worker_mb"],
+            "vb_cpu_seconds_workers": vb_cpu_workers, "vb_cpu_seconds_client": vb_cpu_client, "vb_cpu_span": vb_span,
             "no_pause": no_pause, "load": [load0, load()], "coef": fit.coef["mean"].tolist(),
             "sd": fit.coef["sd"].tolist()}
 
@@ -176,28 +191,35 @@ def run_child(args_list) -> dict:
     return json.loads(lines[-1])
 
 
-def cost_model(runs):
-    """Least squares ``t_pass = a + b n / W`` over the Dask runs."""
+def cost_model(runs, key="pass_seconds"):
+    """Least squares ``t_pass = a + b n / W`` over the Dask runs (``key``: wall or CPU time)."""
     A = np.array([[1.0, r["rows"] / r["workers"]] for r in runs])
-    t = np.array([r["pass_seconds"] for r in runs])
+    t = np.array([r[key] for r in runs])
     (a, b), *_ = np.linalg.lstsq(A, t, rcond=None)
     return float(a), float(b)
 
 
 def write_report(results, out_dir: Path, args):
     spilled = [r for r in results if r["kind"] == "dask spilled"]
+    for r in spilled:  # the cost model in CPU time, free of the other jobs' load
+        r["pass_cpu_seconds"] = r["vb_cpu_seconds_workers"] / r["workers"] * r["vb_seconds"] / r["vb_cpu_span"] / r["passes"]
     inmem = {r["rows"]: r for r in results if r["kind"] == "inmem"}
     blas = [r for r in results if r["kind"] == "blas"]
-    blas_ns = min(r["ns_per_row"] for r in blas) if blas else float("nan")
+    blas_ns = min(r["cpu_ns_per_row"] for r in blas) if blas else float("nan")
     a, b = cost_model(spilled) if len(spilled) >= 2 else (float("nan"), float("nan"))
+    ac, bc = cost_model(spilled, "pass_cpu_seconds") if len(spilled) >= 2 else (float("nan"), float("nan"))
     sweeps = float(np.median([r["sweeps"] for r in spilled])) if spilled else float("nan")
     passes_per_sweep = float(np.median([r["passes"] / r["sweeps"] for r in spilled])) if spilled else float("nan")
     n_big, w_big = 1e9, 32
     t_pass_big = a + b * n_big / w_big
+    t_cpu_big = ac + bc * n_big / w_big
     projection = {"rows": n_big, "workers": w_big, "pass_seconds": t_pass_big, "sweeps": sweeps,
-                  "passes_per_sweep": passes_per_sweep, "fit_seconds": t_pass_big * passes_per_sweep * sweeps}
+                  "passes_per_sweep": passes_per_sweep, "fit_seconds": t_pass_big * passes_per_sweep * sweeps,
+                  "pass_seconds_dedicated_core": t_cpu_big,
+                  "fit_seconds_dedicated_core": t_cpu_big * passes_per_sweep * sweeps}
     summary = {"formula": FORMULA, "machine_cores": os.cpu_count(), "args": vars(args), "runs": results,
-               "blas_ns_per_row": blas_ns, "cost_model": {"a_seconds": a, "b_seconds_per_row_per_worker": b},
+               "blas_ns_per_row": blas_ns, "cost_model": {"a_seconds": a, "b_seconds_per_row_per_worker": b, "cpu_a_seconds": ac,
+                              "cpu_b_seconds_per_row_per_worker": bc},
                "projection": projection}
     (out_dir / "dask_scale.json").write_text(json.dumps(summary, indent=1, default=str))
     lines = ["# Dask scaling of the linear mean-field VB fit", "",
@@ -206,46 +228,57 @@ def write_report(results, out_dir: Path, args):
              f"worker ({args.persist_memory_limit} for the persisted fits)"
              f"{', target/spill/pause off, terminate at 95%' if args.no_pause else ''}; one BLAS thread "
              f"everywhere; machine: {os.cpu_count()} cores shared with other jobs (load average before/after each "
-             "run in the last column). *spilled*: `persist=False`, each partition's design written to disk once "
-             "and memory-mapped on every pass; *persisted*: `persist=True`, kept in the workers' memory. "
-             "In-memory fit: the same rows read into pandas, `vbsvm.svm(..., method='meanfield')`. "
-             f"BLAS pass: one `X.T @ (w[:, None] * X)` over the in-memory design (n x 21), {blas_ns:.1f} ns a row. "
-             "*ns / row / sweep* is the wall time per sweep over the rows; *per worker* multiplies it by the "
-             "workers (the time a worker spends on a row), and *x BLAS* divides that by the BLAS pass's time a "
-             "row. Each measurement in its own process (peak RSS = that process's own).", "",
+             "run in the last column: the wall times are inflated by it, the CPU times much less). *spilled*: "
+             "`persist=False`, each partition's design written to disk once and memory-mapped on every pass; "
+             "*persisted*: `persist=True`, kept in the workers' memory. In-memory fit: the same rows read into "
+             "pandas, `vbsvm.svm(..., method='meanfield')`. BLAS pass: one `X.T @ (w[:, None] * X)` over the "
+             f"in-memory design (n x 21), {blas_ns:.1f} ns of CPU a row. *wall ns / row / sweep*: wall time of a "
+             "sweep over the rows. *worker CPU ns / row / sweep*: CPU seconds of all workers during the sweeps "
+             "(polled every 0.5 s) over sweeps x rows, i.e. the work a row costs a worker in a sweep; *x BLAS* "
+             "divides it by the BLAS pass's CPU time a row (the in-memory row: its wall time x its CPU fraction). "
+             "*client CPU*: the client process (with the scheduler) per sweep. Set-up: learning the design and "
+             "building the blocks (three passes over Parquet). Each measurement in its own process.", "",
              "| rows | data MB | workers' limit MB | fit | wall s | set-up s | sweeps | passes | s / sweep "
-             "| ns / row / sweep | per worker | x BLAS | client peak MB | worker idle / peak MB | coef vs in-memory "
-             "| load |",
-             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| wall ns / row / sweep | worker CPU ns / row / sweep | x BLAS | client CPU s / sweep | client peak MB "
+             "| worker idle / peak MB | coef vs in-memory | load |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if r["kind"] == "blas":
             continue
         ref = inmem.get(r["rows"])
         diff = ""
-        if r["kind"].startswith("dask") and ref is not None:
+        dask_run = r["kind"].startswith("dask")
+        if dask_run and ref is not None:
             c, c0 = np.array(r["coef"]), np.array(ref["coef"])
             diff = f"{np.max(np.abs(c - c0) / np.abs(c0)):.1e}"
         ns = 1e9 * r["sweep_seconds"] / r["rows"]
-        per_worker = ns * r.get("workers", 1)
-        dask_run = r["kind"].startswith("dask")
+        if dask_run:
+            scale = r["vb_seconds"] / r["vb_cpu_span"] / (r["sweeps"] * r["rows"])
+            cpu_ns = 1e9 * r["vb_cpu_seconds_workers"] * scale
+            client = r["vb_cpu_seconds_client"] * r["vb_seconds"] / r["vb_cpu_span"] / r["sweeps"]
+            head = (f"| {r['rows']:,} | {r['data_mb']:,.0f} | {r['memory_limit_total_mb']:,.0f} "
+                    f"| {r['kind']} ({r['workers']} workers)")
+            tail = f"| {client:.3f} | {r['client_peak_mb']:.0f} | {r['worker_idle_mb']:.0f} / {r['worker_peak_mb']:.0f}"
+        else:
+            cpu_ns = ns * r["cpu_fraction"]
+            head = f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | | {r['kind']}"
+            tail = f"| | {r['client_peak_mb']:.0f} | "
         lines.append(
-            f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} "
-            f"| {r['memory_limit_total_mb']:,.0f} | {r['kind']}" if dask_run else
-            f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | | {r['kind']}")
-        lines[-1] += (
-            f"{' (' + str(r['workers']) + ' workers)' if dask_run else ''} | {r['wall_seconds']:.1f} "
-            f"| {r.get('setup_seconds', float('nan')):.1f} | {r['sweeps']} | {r.get('passes', '')} "
-            f"| {r['sweep_seconds']:.3f} | {ns:.0f} | {per_worker:.0f} | {per_worker / blas_ns:.1f} "
-            f"| {r['client_peak_mb']:.0f} | "
-            + (f"{r['worker_idle_mb']:.0f} / {r['worker_peak_mb']:.0f}" if dask_run else "")
-            + f" | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
-    lines += ["", f"Cost model (least squares over the spilled runs): time per pass = {a:.3f} s + {b * 1e9:.1f} ns x "
-              f"rows / workers. A sweep is {passes_per_sweep:.2f} passes (two per sweep, plus one per SQUAREM step "
-              f"for its norms); the fits took {sweeps:.0f} sweeps (median), which does not grow with n.", "",
-              f"Projection to 1e9 rows on 32 workers (same per-worker throughput, each worker memory-mapping its "
-              f"partitions' spilled designs at the rate measured here): {t_pass_big:.1f} s per pass, "
-              f"{t_pass_big * passes_per_sweep:.1f} s per sweep, about {projection['fit_seconds'] / 60:.0f} min "
-              f"for {sweeps:.0f} sweeps (plus the set-up: three passes that read the source and run formulaic)."]
+            f"{head} | {r['wall_seconds']:.1f} | {r.get('setup_seconds', float('nan')):.1f} | {r['sweeps']} "
+            f"| {r.get('passes', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} | {cpu_ns / blas_ns:.1f} "
+            f"{tail} | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
+    lines += ["", f"Cost model (least squares over the spilled runs): wall time per pass = {a:.3f} s + "
+              f"{b * 1e9:.1f} ns x rows / workers (under the load above); a worker's CPU time per pass = {ac:.3f} s + "
+              f"{bc * 1e9:.1f} ns x rows / workers (what a pass takes with a core per worker). A sweep is "
+              f"{passes_per_sweep:.2f} passes (two per sweep, plus one per SQUAREM step for its norms); the fits took "
+              f"{sweeps:.0f} sweeps (median), which does not grow with n.", "",
+              f"Projection to 1e9 rows on 32 workers, each memory-mapping its partitions' spilled designs: with a core "
+              f"per worker (CPU-time model) {t_cpu_big:.1f} s per pass, {t_cpu_big * passes_per_sweep:.1f} s per sweep, "
+              f"about {projection['fit_seconds_dedicated_core'] / 60:.0f} min for {sweeps:.0f} sweeps; at the wall-time "
+              f"rate measured here on the shared cores, {t_pass_big:.1f} s per pass, about "
+              f"{projection['fit_seconds'] / 60:.0f} min. Plus the set-up: three passes that read the source and run "
+              "formulaic (see the set-up column), and the disk: 176 bytes a row of spilled design (5.5 GB per "
+              "worker at 1e9 / 32), read from the page cache if it fits there, else from the disk at its bandwidth."]
     (out_dir / "dask_scale.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -14,7 +14,28 @@ names and the random-effect levels exactly as the full data would. The centring 
 constants (mean and sd with ``ddof=1`` of each design column over the complete rows) are a second
 pass: per partition the count, mean, sum of squared deviations and largest absolute value,
 combined by Chan's parallel formulas (no cancellation). Each partition's design is then
-``Design.new_X`` / ``Design.new_random_effects`` of its rows, i.e. the in-memory design's rows.
+``Design.new_X`` / ``Design.new_random_effects`` of its rows, i.e. the in-memory design's rows
+(formulaic runs on chunks of ``CHUNK_ROWS`` rows, so a worker's transient memory does not grow
+with the partitions' size).
+
+Blocks. The design of each partition is built once, in one pass over the source, into a block
+(:class:`_Block`; consecutive partitions are grouped into one block up to ``BLOCK_BYTES`` of
+design, fewer tasks per pass): its :class:`~vbsvm.models.linear.LinearSVMModel` (design in the
+column-major layout the Gram uses, labels, level codes) and a small memory of per-row arrays.
+``dask.persist`` keeps the blocks on the workers and every later pass maps its tasks over them,
+so formulaic and the source (e.g. Parquet) are never touched again. Two kinds:
+
+* in memory (:class:`_Resident`, ``persist=True``), when the designs fit the workers' memory;
+* spilled (:class:`_Spilled`, ``persist=False``, out of core): the model is pickled once with
+  its large arrays written out of band as raw files in a directory the fit owns (created under
+  Dask's ``temporary-directory`` config, default the system's temporary directory, and removed
+  when the fit ends, also on error), and each pass unpickles it over read-only memory maps of
+  those files: no copy, no parsing, pages from the page cache or the disk, released when the task
+  ends, so a worker holds one partition at a time whatever n. The directory must be readable by
+  every worker (one machine, or a shared filesystem).
+
+``persist="auto"`` (default) keeps the blocks in memory when the designs take less than half the
+workers' total memory limit (1 GB without a distributed client), and spills them otherwise.
 
 Sweeps. Mean-field VB (:meth:`vbsvm.models.linear.LinearSVMModel.vb_sweep`) needs from the rows
 only sums: with ``w_i = E[1/a_i] = chi_i^{-1/2}`` and ``r_i = y_i (1 + w_i)``, the
@@ -27,24 +48,32 @@ the prior terms of the ELBO — is computed on the client by the model's own
 :meth:`~vbsvm.models.linear.LinearSVMModel.elbo_prior` from the reduced statistics, so the algebra
 exists once.
 
-No per-row state is stored. The in-memory engine carries ``log chi`` (one number per row) in its
-state vector, and SQUAREM (:mod:`vbsvm.inference.vb`) extrapolates it. But ``chi_i`` after a sweep
-is a function of that sweep's ``q(theta)`` and row i only, ``chi_i = (1 - y_i m_i)^2 + v_i`` with
-``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part of a state is kept as an
-expression — a sweep's posterior, or SQUAREM's ``x - 2 s r + s^2 v`` of such — and evaluated row
-by row inside each partition task, with the same floating-point operations as the in-memory
-arrays. The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
-states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). Worker
-memory is a partition's design, independent of n; the client holds q.
+No per-row state on the client. The in-memory engine carries ``log chi`` (one number per row) in
+its state vector, and SQUAREM (:mod:`vbsvm.inference.vb`) extrapolates it. But ``chi_i`` after a
+sweep is a function of that sweep's ``q(theta)`` and row i only, ``chi_i = (1 - y_i m_i)^2 + v_i``
+with ``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part of a state is kept
+as an expression — a sweep's posterior (with a token naming it), or SQUAREM's
+``x - 2 s r + s^2 v`` of such — and evaluated row by row inside each partition task, with the same
+floating-point operations as the in-memory arrays. The ELBO pass of a sweep computes ``m_i, v_i``
+of the new q anyway; it leaves ``log chi`` in the partition's block under the posterior's token,
+and the block keeps the last ``CHI_KEPT`` used (8 bytes a row each; in the spill files when
+spilled), so the next sweep's Gram pass and SQUAREM's norms read them instead of recomputing the
+variances (a block that misses one, e.g. a copy on another worker, recomputes it from the
+posterior). The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
+states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). The
+client holds q.
 
 Why the result is the in-memory fit: every sweep computes the same sums (only their order of
 summation differs, ~1e-16 relative), the same per-row values and the same client-side updates, so
 the iterates, the accepted SQUAREM steps and the stopping sweep are the same; the tests check
 coefficients and sds to 1e-8 (relative) with 1, 2 and 7 partitions on a LocalCluster.
 
-Passes over the data: two per sweep (the statistics given the current state; the ELBO of the new
-q), one more per SQUAREM step (the norms). Partitions are re-read on every pass (streamed, e.g.
-from Parquet: memory flat in n) unless ``persist`` keeps each partition's design on the workers.
+Passes over the blocks: two per sweep (the statistics given the current state: one ``C' W C``;
+the ELBO of the new q: one product for the variances of the scores), one more per SQUAREM step
+(the norms, from the remembered ``log chi`` only). Before them, three passes over the source: the
+levels, the standardization constants, the blocks; after them, the probit scale of
+``kind="prob"`` (the scores under the final q, kept in the blocks while a one-dimensional search
+sums their log likelihood).
 """
 
 from __future__ import annotations
@@ -58,6 +87,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import time
 
 import numpy as np
 import pandas as pd
@@ -297,8 +327,6 @@ class _DesignSpec:
 
     def model(self, frame: pd.DataFrame):
         """The partition's :class:`LinearSVMModel` (its rows of the in-memory model), or None."""
-        if isinstance(frame, LinearSVMModel) or frame is None:
-            return frame
         d, s = self.design, self.settings
         rows, _ = self.rows(frame)
         if len(rows) == 0:
@@ -359,9 +387,16 @@ CHI_KEPT = 5
 SMALL_BUFFER = 1 << 16
 
 
-def _task_block(frame, spec, path):
-    """A raw partition's :class:`_Block`: in memory (``path`` None) or spilled under ``path``."""
-    model = spec.model(frame)
+#: design bytes a block aims at: consecutive partitions are grouped up to it, so that a pass has
+#: few tasks (Dask's overhead is per task) while a spilled block's pages, mapped during its task,
+#: stay a small part of a worker's memory
+BLOCK_BYTES = 64 * 2 ** 20
+
+
+def _task_block(frames, spec, path):
+    """The :class:`_Block` of consecutive raw partitions ``frames``: in memory (``path`` None) or
+    spilled under ``path``."""
+    model = spec.model(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
     return _Resident(model) if path is None else _Spilled(model, path)
 
 
@@ -676,10 +711,11 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     prior : None
         LaplaceZero is refused.
     persist : {"auto", True, False}
-        Keep each partition's design on the workers between passes (True), re-read the partitions
-        on every pass (False, e.g. Parquet larger than the workers' memory), or decide from the
-        design's size and the workers' memory limits ("auto": persist if it takes less than
-        half of it; without a distributed client, persist if below 1 GB).
+        Keep each partition's design in the workers' memory between passes (True), or spill it
+        once to files that every pass memory-maps (False: out of core, worker memory flat in n;
+        the files go under Dask's ``temporary-directory`` config and are removed at the end), or
+        decide from the design's size and the workers' memory limits ("auto": in memory if it
+        takes less than half of it; without a distributed client, if below 1 GB).
 
     Returns
     -------
@@ -691,6 +727,7 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     from .results import ThetaLayout
 
     dask = _dask()
+    start = time.perf_counter()
     _refuse(settings, prior)
     persist = _fit_settings_dask(settings, persist)
     design = learn_design(formula, data, standardize=settings["standardize"], missing=settings["missing"])
@@ -701,21 +738,25 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     if persist == "auto":
         persist = 8.0 * design.n * width < _memory_budget()
     root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
+    group = max(1, int(BLOCK_BYTES // (8.0 * width * max(design.n / len(sources), 1.0))))
     try:
-        blocks = list(dask.persist(*[dask.delayed(_task_block)(src, spec, root and os.path.join(root, str(k)))
-                                     for k, src in enumerate(sources)]))
+        blocks = list(dask.persist(*[dask.delayed(_task_block)(sources[k:k + group], spec,
+                                                               root and os.path.join(root, str(k)))
+                                     for k in range(0, len(sources), group)]))
+        _wait(blocks)
+        setup = time.perf_counter() - start
         model = DaskLinearModel(blocks, design, settings)
         layout = ThetaLayout.from_model(model.skeleton, design)
         M = design.to_original(model.skeleton.qd)
         info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
                 "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
-                "partitions": int(data.npartitions), "persisted": bool(persist)}
+                "partitions": int(data.npartitions), "blocks": len(blocks), "persisted": bool(persist)}
         with numerical_failures("variational Bayes"):
             res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
                                     accelerate=settings["accelerate"])
         posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
-                    **res.info)
+                    seconds_setup=setup, **res.info)
         fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
                            info=info)
         fit.info["prob_calibration"] = list(_probit_calibration(res.q["theta"], blocks))
@@ -723,6 +764,18 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
     return fit
+
+
+def _wait(blocks):
+    """Return once the persisted ``blocks`` exist (a distributed client builds them in the
+    background; the local schedulers already have)."""
+    try:
+        from distributed import get_client, wait
+
+        get_client()
+    except (ImportError, ValueError):
+        return
+    wait(blocks)
 
 
 def _check_groups(design, settings):
