@@ -390,7 +390,7 @@ SMALL_BUFFER = 1 << 16
 #: design bytes a block aims at: consecutive partitions are grouped up to it, so that a pass has
 #: few tasks (Dask's overhead is per task) while a spilled block's pages, mapped during its task,
 #: stay a small part of a worker's memory
-BLOCK_BYTES = 64 * 2 ** 20
+BLOCK_BYTES = 32 * 2 ** 20
 
 
 def _task_block(frames, spec, path):
