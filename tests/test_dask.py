@@ -207,6 +207,8 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
 def test_spilled_block_is_the_resident_block(frame, tmp_path):
     """A spilled partition unpickles to the same model over read-only memory maps, and keeps
     at most CHI_KEPT remembered arrays on disk."""
+    import time
+
     from vbsvm import dask_backend
     from vbsvm.api import _settings
 
@@ -226,6 +228,7 @@ def test_spilled_block_is_the_resident_block(frame, tmp_path):
     assert not b.Cd.flags.writeable and b.Cd.flags.f_contiguous
     for key in range(dask_backend.CHI_KEPT + 3):
         spilled.remember(key, np.full(a.n, float(key)))
+        time.sleep(0.02)  # the order of use is the files' modification times
     kept = sorted(p.name for p in (tmp_path / "0").glob("kept_*.npy"))
     assert len(kept) == dask_backend.CHI_KEPT
     assert spilled.recall(0) is None and spilled.recall(dask_backend.CHI_KEPT + 2)[0] == dask_backend.CHI_KEPT + 2

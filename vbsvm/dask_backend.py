@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import glob
 import itertools
 import math
 import numbers
@@ -409,7 +410,13 @@ class _Block:
     task that misses it recomputes ``log chi`` from the posterior (e.g. on a worker holding a copy
     of the block)."""
 
-    def __init__(self):
+
+class _Resident(_Block):
+    """A :class:`_Block` in the worker's memory."""
+
+    def __init__(self, model):
+        self._model = model
+        self._values = {}
         self._kept = []  # keys, least recently used first
 
     def _touch(self, key) -> list:
@@ -419,15 +426,6 @@ class _Block:
         self._kept.append(key)
         dropped, self._kept = self._kept[:-CHI_KEPT], self._kept[-CHI_KEPT:]
         return dropped
-
-
-class _Resident(_Block):
-    """A :class:`_Block` in the worker's memory."""
-
-    def __init__(self, model):
-        super().__init__()
-        self._model = model
-        self._values = {}
 
     def model(self):
         return self._model
@@ -456,7 +454,6 @@ class _Spilled(_Block):
     disk, and are released when the task ends). The remembered arrays are ``.npy`` files."""
 
     def __init__(self, model, path):
-        super().__init__()
         os.makedirs(path)
         self.path = path
         self._files = []
@@ -479,18 +476,22 @@ class _Spilled(_Block):
     def _file(self, key) -> str:
         return os.path.join(self.path, f"kept_{key}.npy")
 
+    # The order of use is the files' modification times, not ``_kept``: a copy of this handle on
+    # another worker (Dask may move a task and its small inputs) then sees the same memory.
     def recall(self, key):
         name = self._file(key)
-        if key not in self._kept or not os.path.exists(name):
+        try:
+            os.utime(name)
+        except FileNotFoundError:
             return None
-        self._touch(key)
         return np.load(name)
 
     def remember(self, key, values):
         np.save(self._file(key), values)
-        for old in self._touch(key):
+        kept = sorted(glob.glob(os.path.join(self.path, "kept_*.npy")), key=os.path.getmtime)
+        for old in kept[:-CHI_KEPT]:
             with contextlib.suppress(FileNotFoundError):
-                os.remove(self._file(old))
+                os.remove(old)
 
 
 # ============================================================================ the model
