@@ -39,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +122,7 @@ def measure_inmem(path: Path) -> dict:
             "load": [load0, load()], "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
 
 
-def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_pause: bool) -> dict:
+def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_pause: bool, max_sweeps: int) -> dict:
     import dask
     import dask.dataframe as dd
     import psutil
@@ -159,7 +160,9 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
         data = dd.read_parquet(str(path))
         load0 = load()
         t0 = time.perf_counter()
-        fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", vbsvm.exceptions.ConvergenceWarning)  # with --max-sweeps
+            fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist, max_iter=max_sweeps)
         wall = time.perf_counter() - t0
         stop.set()
         thread.join()
@@ -179,7 +182,8 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
             "sweep_seconds": info["seconds"] / info["n_sweeps"], "pass_seconds": info["seconds"] / info["passes"],
             "client_peak_mb": peak_rss_mb(), "worker_idle_mb": peak["idle_mb"], "worker_peak_mb": peak["worker_mb"],
             "vb_cpu_seconds_workers": vb_cpu_workers, "vb_cpu_seconds_client": vb_cpu_client, "vb_cpu_span": vb_span,
-            "no_pause": no_pause, "load": [load0, load()], "coef": fit.coef["mean"].tolist(),
+            "converged": bool(info["converged"]), "no_pause": no_pause, "load": [load0, load()],
+            "coef": fit.coef["mean"].tolist(),
             "sd": fit.coef["sd"].tolist()}
 
 
@@ -208,7 +212,7 @@ def write_report(results, out_dir: Path, args):
     blas_ns = min(r["cpu_ns_per_row"] for r in blas) if blas else float("nan")
     a, b = cost_model(spilled) if len(spilled) >= 2 else (float("nan"), float("nan"))
     ac, bc = cost_model(spilled, "pass_cpu_seconds") if len(spilled) >= 2 else (float("nan"), float("nan"))
-    sweeps = float(np.median([r["sweeps"] for r in spilled])) if spilled else float("nan")
+    sweeps = float(np.median([r["sweeps"] for r in spilled if r.get("converged", True)])) if spilled else float("nan")
     passes_per_sweep = float(np.median([r["passes"] / r["sweeps"] for r in spilled])) if spilled else float("nan")
     n_big, w_big = 1e9, 32
     t_pass_big = a + b * n_big / w_big
@@ -257,14 +261,14 @@ def write_report(results, out_dir: Path, args):
             cpu_ns = 1e9 * r["vb_cpu_seconds_workers"] * scale
             client = r["vb_cpu_seconds_client"] * r["vb_seconds"] / r["vb_cpu_span"] / r["sweeps"]
             head = (f"| {r['rows']:,} | {r['data_mb']:,.0f} | {r['memory_limit_total_mb']:,.0f} "
-                    f"| {r['kind']} ({r['workers']} workers)")
+                    f"| {r['kind']} ({r['workers']} workers){'' if r.get('converged', True) else ', stopped'}")
             tail = f"| {client:.3f} | {r['client_peak_mb']:.0f} | {r['worker_idle_mb']:.0f} / {r['worker_peak_mb']:.0f}"
         else:
             cpu_ns = ns * r["cpu_fraction"]
             head = f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | | {r['kind']}"
             tail = f"| | {r['client_peak_mb']:.0f} | "
         lines.append(
-            f"{head} | {r['wall_seconds']:.1f} | {r.get('setup_seconds', float('nan')):.1f} | {r['sweeps']} "
+            f"{head} | {r['wall_seconds']:.1f} | {format(r['setup_seconds'], '.1f') if dask_run else ''} | {r['sweeps']} "
             f"| {r.get('passes', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} | {cpu_ns / blas_ns:.1f} "
             f"{tail} | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
     lines += ["", f"Cost model (least squares over the spilled runs): wall time per pass = {a:.3f} s + "
@@ -296,6 +300,9 @@ def main():
     ap.add_argument("--persist-max", type=float, default=1e6,
                     help="also fit the sizes up to this with the partitions' designs persisted on the workers")
     ap.add_argument("--persist-memory-limit", default="1GB", help="the memory limit per worker of those fits")
+    ap.add_argument("--max-sweeps", type=int, default=1000,
+                    help="stop the Dask fits after this many sweeps (time per sweep and memory without convergence)")
+    ap.add_argument("--merge", nargs="+", help="write one report from these dask_scale.json files' runs")
     ap.add_argument("--data-dir", default="/tmp/vbsvm_dask_scale")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument("--measure", choices=["inmem", "dask", "blas"], help=argparse.SUPPRESS)
@@ -309,14 +316,20 @@ def main():
         print(json.dumps(measure_blas(Path(args.path), int(args.blas_rows))))
         return
     if args.measure == "dask":
-        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist, args.no_pause)))
+        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist, args.no_pause,
+                                      args.max_sweeps)))
+        return
+    if args.merge:
+        results = [r for f in args.merge for r in json.loads(Path(f).read_text())["runs"]]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_report(sorted(results, key=lambda r: r["rows"]), Path(args.out), args)
         return
     results = []
     for rows in map(int, args.rows):
         path = Path(args.data_dir) / f"rows_{rows}_per_{args.part_rows}"
         make_parquet(path, rows, args.part_rows)
-        common = ["--path", str(path), "--workers", str(args.workers), "--blas-rows", str(args.blas_rows)] \
-            + (["--no-pause"] if args.no_pause else [])
+        common = ["--path", str(path), "--workers", str(args.workers), "--blas-rows", str(args.blas_rows),
+                  "--max-sweeps", str(args.max_sweeps)] + (["--no-pause"] if args.no_pause else [])
         todo = [["--measure", "blas"], ["--measure", "dask", "--memory-limit", args.memory_limit]]
         if rows <= args.persist_max:
             todo.append(["--measure", "dask", "--persist", "--memory-limit", args.persist_memory_limit])
