@@ -3,20 +3,30 @@
 For each number of rows: a Parquet data set on disk (20 standard-normal-ish predictors, a 0/1
 label from a linear score plus noise; one file per ``--part-rows`` rows), then
 
-* the Dask fit streamed from Parquet (``persist=False``) on a ``LocalCluster`` with
-  ``--workers`` worker processes of one thread each and a ``--memory-limit`` per worker: wall
-  time, sweeps, passes over the data, time per sweep and per pass, the client's peak RSS and the
-  largest RSS any worker reached (polled every 0.5 s);
-* beside it, where it fits (rows <= ``--inmem-max``), the in-memory fit of the same rows
-  (pandas frame read from the same files), each measurement in a fresh process so that its peak
-  RSS is its own.
+* the Dask fit on a ``LocalCluster`` with ``--workers`` worker processes of one thread each and a
+  ``--memory-limit`` per worker, with each partition's design spilled to disk once and
+  memory-mapped on every pass (``persist=False``: the out-of-core mode) and, for rows up to
+  ``--persist-max``, kept in the workers' memory (``persist=True``): wall time, the set-up time
+  (learning the design, building the blocks), sweeps, passes over the data, time per sweep, the
+  client's peak RSS and the largest RSS any worker reached (polled every 0.5 s), the load
+  average before and after;
+* the reference: one in-memory BLAS pass ``X.T @ (w[:, None] * X)`` over the same rows' design
+  (n x 21, one BLAS thread; timed on at most ``--blas-rows`` rows, per row), and, where it fits
+  (rows <= ``--inmem-max``), the in-memory fit of the same rows; each measurement in a fresh
+  process so that its peak RSS is its own.
 
-A linear cost model of the time per pass, ``t = a + b n / W``, fitted to the Dask runs, projects
-a fit of 1e9 rows on 32 workers. Results: ``benchmarks/results/dask_scale.{json,md}``.
+The workers' memory limit is enforced by the nanny (``terminate`` at 95% of it); its spill and
+pause thresholds act on the process RSS, which includes the ~0.2 GB of imported libraries, and
+would pause a worker with a small limit while its data are on disk anyway, so ``--no-pause`` turns
+``distributed.worker.memory.target/spill/pause`` off (``terminate`` stays).
+
+A linear cost model of the time per pass, ``t = a + b n / W``, fitted to the spilled runs,
+projects a fit of 1e9 rows on 32 workers. Results: ``benchmarks/results/dask_scale.{json,md}``.
 
 Usage::
 
-    python benchmarks/dask_scale.py --rows 1e6 3e6 --workers 2 --memory-limit 1GB
+    OMP_NUM_THREADS=1 python benchmarks/dask_scale.py --rows 1e6 3e6 1.5e7 --workers 2 \
+        --memory-limit 400MB --no-pause
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -63,42 +74,83 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def measure_blas(path: Path, max_rows: int) -> dict:
+    """Seconds per row of one ``X.T @ (w[:, None] * X)`` over the design (intercept + 20
+    columns) of the first ``max_rows`` rows, best of three."""
+    import pandas as pd
+
+    files = sorted(path.glob("*.parquet"))
+    frames, rows = [], 0
+    for f in files:
+        frames.append(pd.read_parquet(f))
+        rows += len(frames[-1])
+        if rows >= max_rows:
+            break
+    df = pd.concat(frames, ignore_index=True).iloc[:max_rows]
+    X = np.asfortranarray(np.column_stack([np.ones(len(df)), df.drop(columns="y").to_numpy(float)]))
+    w = np.random.default_rng(0).uniform(0.1, 2.0, len(df))
+    times, cpu = [], []
+    load0 = load()
+    for _ in range(3):
+        t0, c0 = time.perf_counter(), time.process_time()
+        X.T @ (w[:, None] * X)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"kind": "blas", "rows": len(df), "pass_seconds": min(times), "ns_per_row": 1e9 * min(times) / len(df),
+            "cpu_ns_per_row": 1e9 * min(cpu) / len(df), "load": [load0, load()]}
+
+
 def measure_inmem(path: Path) -> dict:
     import pandas as pd
 
     import vbsvm
 
+    load0 = load()
     t0 = time.perf_counter()
     df = pd.read_parquet(path)
     t_read = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     fit = vbsvm.svm(FORMULA, df, method="meanfield")
-    wall = time.perf_counter() - t0
-    return {"kind": "inmem", "rows": len(df), "read_seconds": t_read, "wall_seconds": wall,
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"kind": "inmem", "rows": len(df), "read_seconds": t_read, "wall_seconds": wall, "cpu_fraction": cpu / wall,
             "vb_seconds": fit.info["seconds"], "sweeps": fit.info["n_sweeps"],
             "sweep_seconds": fit.info["seconds"] / fit.info["n_sweeps"], "client_peak_mb": peak_rss_mb(),
-            "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
+            "load": [load0, load()], "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
 
 
-def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool) -> dict:
+def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_pause: bool, max_sweeps: int) -> dict:
+    import dask
     import dask.dataframe as dd
     import psutil
     from distributed import Client, LocalCluster
 
     import vbsvm
 
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, memory_limit=memory_limit,
-                      dashboard_address=None) as cluster, Client(cluster) as client:
-        peak = {"worker_mb": 0.0}
-        stop = threading.Event()
-
+    config = {"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
+              "distributed.worker.memory.pause": False} if no_pause else {}
+    with dask.config.set(config), LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                                               memory_limit=memory_limit, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
         def rss():
             return psutil.Process().memory_info().rss / 2 ** 20
+
+        def cpu():
+            t = psutil.Process().cpu_times()
+            return t.user + t.system
+
+        peak = {"worker_mb": 0.0, "idle_mb": max(client.run(rss).values())}
+        cpu_trace = []  # (time, the workers' CPU seconds, the client's (with the scheduler))
+        stop = threading.Event()
 
         def poll():
             while not stop.is_set():
                 try:
                     peak["worker_mb"] = max([peak["worker_mb"], *client.run(rss).values()])
+                    cpu_trace.append((time.perf_counter(), sum(client.run(cpu).values()), cpu()))
                 except Exception:  # noqa: BLE001 - a poll during shutdown
                     pass
                 stop.wait(0.5)
@@ -106,19 +158,33 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool) -> 
         thread = threading.Thread(target=poll, daemon=True)
         thread.start()
         data = dd.read_parquet(str(path))
+        load0 = load()
         t0 = time.perf_counter()
-        fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", vbsvm.exceptions.ConvergenceWarning)  # with --max-sweeps
+            fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist, max_iter=max_sweeps)
         wall = time.perf_counter() - t0
         stop.set()
         thread.join()
         limit = sum(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     info = fit.info
-    return {"kind": "dask persisted" if persist else "dask streamed", "rows": fit.n_obs, "workers": workers, "partitions": info["partitions"],
-            "memory_limit_total_mb": limit / 2 ** 20, "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20,
-            "wall_seconds": wall, "vb_seconds": info["seconds"], "sweeps": info["n_sweeps"],
-            "passes": info["passes"], "sweep_seconds": info["seconds"] / info["n_sweeps"],
-            "pass_seconds": info["seconds"] / info["passes"], "client_peak_mb": peak_rss_mb(),
-            "worker_peak_mb": peak["worker_mb"], "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
+    # CPU seconds of the VB sweeps (the polls nearest the start of the sweeps and the end of the fit)
+    trace = np.array(cpu_trace)
+    t_vb = t0 + info["seconds_setup"]
+    k0 = int(np.argmin(np.abs(trace[:, 0] - t_vb)))
+    k1 = int(np.argmin(np.abs(trace[:, 0] - (t_vb + info["seconds"]))))
+    vb_cpu_workers, vb_cpu_client = trace[k1, 1] - trace[k0, 1], trace[k1, 2] - trace[k0, 2]
+    vb_span = trace[k1, 0] - trace[k0, 0]
+    return {"kind": "dask persisted" if persist else "dask spilled", "rows": fit.n_obs, "workers": workers,
+            "partitions": info["partitions"], "memory_limit_total_mb": limit / 2 ** 20,
+            "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20, "wall_seconds": wall, "vb_seconds": info["seconds"],
+            "setup_seconds": info["seconds_setup"], "sweeps": info["n_sweeps"], "passes": info["passes"],
+            "sweep_seconds": info["seconds"] / info["n_sweeps"], "pass_seconds": info["seconds"] / info["passes"],
+            "client_peak_mb": peak_rss_mb(), "worker_idle_mb": peak["idle_mb"], "worker_peak_mb": peak["worker_mb"],
+            "vb_cpu_seconds_workers": vb_cpu_workers, "vb_cpu_seconds_client": vb_cpu_client, "vb_cpu_span": vb_span,
+            "converged": bool(info["converged"]), "no_pause": no_pause, "load": [load0, load()],
+            "coef": fit.coef["mean"].tolist(),
+            "sd": fit.coef["sd"].tolist()}
 
 
 def run_child(args_list) -> dict:
@@ -129,56 +195,94 @@ def run_child(args_list) -> dict:
     return json.loads(lines[-1])
 
 
-def cost_model(runs):
-    """Least squares ``t_pass = a + b n / W`` over the Dask runs."""
+def cost_model(runs, key="pass_seconds"):
+    """Least squares ``t_pass = a + b n / W`` over the Dask runs (``key``: wall or CPU time)."""
     A = np.array([[1.0, r["rows"] / r["workers"]] for r in runs])
-    t = np.array([r["pass_seconds"] for r in runs])
+    t = np.array([r[key] for r in runs])
     (a, b), *_ = np.linalg.lstsq(A, t, rcond=None)
     return float(a), float(b)
 
 
 def write_report(results, out_dir: Path, args):
-    dask_runs = [r for r in results if r["kind"] == "dask streamed"]
+    spilled = [r for r in results if r["kind"] == "dask spilled"]
+    for r in spilled:  # the cost model in CPU time, free of the other jobs' load
+        r["pass_cpu_seconds"] = r["vb_cpu_seconds_workers"] / r["workers"] * r["vb_seconds"] / r["vb_cpu_span"] / r["passes"]
     inmem = {r["rows"]: r for r in results if r["kind"] == "inmem"}
-    a, b = cost_model(dask_runs) if len(dask_runs) >= 2 else (float("nan"), float("nan"))
-    sweeps = float(np.median([r["sweeps"] for r in dask_runs]))
-    passes_per_sweep = float(np.median([r["passes"] / r["sweeps"] for r in dask_runs]))
+    blas = [r for r in results if r["kind"] == "blas"]
+    blas_ns = min(r["cpu_ns_per_row"] for r in blas) if blas else float("nan")
+    a, b = cost_model(spilled) if len(spilled) >= 2 else (float("nan"), float("nan"))
+    ac, bc = cost_model(spilled, "pass_cpu_seconds") if len(spilled) >= 2 else (float("nan"), float("nan"))
+    sweeps = float(np.median([r["sweeps"] for r in spilled if r.get("converged", True)])) if spilled else float("nan")
+    passes_per_sweep = float(np.median([r["passes"] / r["sweeps"] for r in spilled])) if spilled else float("nan")
     n_big, w_big = 1e9, 32
     t_pass_big = a + b * n_big / w_big
+    t_cpu_big = ac + bc * n_big / w_big
     projection = {"rows": n_big, "workers": w_big, "pass_seconds": t_pass_big, "sweeps": sweeps,
-                  "passes_per_sweep": passes_per_sweep, "fit_seconds": t_pass_big * passes_per_sweep * sweeps}
+                  "passes_per_sweep": passes_per_sweep, "fit_seconds": t_pass_big * passes_per_sweep * sweeps,
+                  "pass_seconds_dedicated_core": t_cpu_big,
+                  "fit_seconds_dedicated_core": t_cpu_big * passes_per_sweep * sweeps}
     summary = {"formula": FORMULA, "machine_cores": os.cpu_count(), "args": vars(args), "runs": results,
-               "cost_model": {"a_seconds": a, "b_seconds_per_row_per_worker": b}, "projection": projection}
+               "blas_ns_per_row": blas_ns, "cost_model": {"a_seconds": a, "b_seconds_per_row_per_worker": b, "cpu_a_seconds": ac,
+                              "cpu_b_seconds_per_row_per_worker": bc},
+               "projection": projection}
     (out_dir / "dask_scale.json").write_text(json.dumps(summary, indent=1, default=str))
     lines = ["# Dask scaling of the linear mean-field VB fit", "",
              f"Formula `{FORMULA}` (20 predictors), Parquet on disk ({args.part_rows:,} rows per file), "
              f"LocalCluster of {args.workers} worker processes x 1 thread, memory limit {args.memory_limit} per "
-             f"worker, streamed from Parquet (`persist=False`); machine: {os.cpu_count()} cores shared with other "
-             "jobs. In-memory fit: the same rows read into pandas, `vbsvm.svm(..., method='meanfield')`. Each "
-             "measurement in its own process (peak RSS = that process's own).", "",
-             "| rows | data MB | fit | wall s | sweeps | passes | s / sweep | ns / row / sweep | client peak MB "
-             "| worker peak MB | max rel. diff of coef vs in-memory |",
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"worker ({args.persist_memory_limit} for the persisted fits)"
+             f"{', target/spill/pause off, terminate at 95%' if args.no_pause else ''}; one BLAS thread "
+             f"everywhere; machine: {os.cpu_count()} cores shared with other jobs (load average before/after each "
+             "run in the last column: the wall times are inflated by it, the CPU times much less). *spilled*: "
+             "`persist=False`, each partition's design written to disk once and memory-mapped on every pass; "
+             "*persisted*: `persist=True`, kept in the workers' memory. In-memory fit: the same rows read into "
+             "pandas, `vbsvm.svm(..., method='meanfield')`. BLAS pass: one `X.T @ (w[:, None] * X)` over the "
+             f"in-memory design (n x 21), {blas_ns:.1f} ns of CPU a row. *wall ns / row / sweep*: wall time of a "
+             "sweep over the rows. *worker CPU ns / row / sweep*: CPU seconds of all workers during the sweeps "
+             "(polled every 0.5 s) over sweeps x rows, i.e. the work a row costs a worker in a sweep; *x BLAS* "
+             "divides it by the BLAS pass's CPU time a row (the in-memory row: its wall time x its CPU fraction). "
+             "*client CPU*: the client process (with the scheduler) per sweep. Set-up: learning the design and "
+             "building the blocks (three passes over Parquet). Each measurement in its own process.", "",
+             "| rows | data MB | workers' limit MB | fit | wall s | set-up s | sweeps | passes | s / sweep "
+             "| wall ns / row / sweep | worker CPU ns / row / sweep | x BLAS | client CPU s / sweep | client peak MB "
+             "| worker idle / peak MB | coef vs in-memory | load |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
+        if r["kind"] == "blas":
+            continue
         ref = inmem.get(r["rows"])
         diff = ""
-        if r["kind"].startswith("dask") and ref is not None:
+        dask_run = r["kind"].startswith("dask")
+        if dask_run and ref is not None:
             c, c0 = np.array(r["coef"]), np.array(ref["coef"])
             diff = f"{np.max(np.abs(c - c0) / np.abs(c0)):.1e}"
+        ns = 1e9 * r["sweep_seconds"] / r["rows"]
+        if dask_run:
+            scale = r["vb_seconds"] / r["vb_cpu_span"] / (r["sweeps"] * r["rows"])
+            cpu_ns = 1e9 * r["vb_cpu_seconds_workers"] * scale
+            client = r["vb_cpu_seconds_client"] * r["vb_seconds"] / r["vb_cpu_span"] / r["sweeps"]
+            head = (f"| {r['rows']:,} | {r['data_mb']:,.0f} | {r['memory_limit_total_mb']:,.0f} "
+                    f"| {r['kind']} ({r['workers']} workers){'' if r.get('converged', True) else ', stopped'}")
+            tail = f"| {client:.3f} | {r['client_peak_mb']:.0f} | {r['worker_idle_mb']:.0f} / {r['worker_peak_mb']:.0f}"
+        else:
+            cpu_ns = ns * r["cpu_fraction"]
+            head = f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | | {r['kind']}"
+            tail = f"| | {r['client_peak_mb']:.0f} | "
         lines.append(
-            f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | {r['kind']}"
-            f"{' (' + str(r['workers']) + ' workers)' if r['kind'].startswith('dask') else ''} | {r['wall_seconds']:.1f} "
-            f"| {r['sweeps']} | {r.get('passes', '')} | {r['sweep_seconds']:.3f} "
-            f"| {1e9 * r['sweep_seconds'] / r['rows']:.0f} | {r['client_peak_mb']:.0f} "
-            f"| {r.get('worker_peak_mb', float('nan')):.0f} | {diff} |")
-    lines += ["", f"Cost model (least squares over the streamed Dask runs): time per pass = {a:.3f} s + {b * 1e9:.1f} ns x "
-              "rows / workers. A sweep is "
-              f"{passes_per_sweep:.2f} passes on average (two per sweep, plus one per SQUAREM step for its norms); "
-              f"the fits took {sweeps:.0f} sweeps (median), which does not grow with n.", "",
-              f"Projection to 1e9 rows on 32 workers (same per-worker throughput, i.e. each worker reading its "
-              f"partitions at the rate measured here): {t_pass_big:.1f} s per pass, "
-              f"{t_pass_big * passes_per_sweep:.1f} s per sweep, about {projection['fit_seconds'] / 60:.0f} min "
-              f"for {sweeps:.0f} sweeps."]
+            f"{head} | {r['wall_seconds']:.1f} | {format(r['setup_seconds'], '.1f') if dask_run else ''} | {r['sweeps']} "
+            f"| {r.get('passes', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} | {cpu_ns / blas_ns:.1f} "
+            f"{tail} | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
+    lines += ["", f"Cost model (least squares over the spilled runs): wall time per pass = {a:.3f} s + "
+              f"{b * 1e9:.1f} ns x rows / workers (under the load above); a worker's CPU time per pass = {ac:.3f} s + "
+              f"{bc * 1e9:.1f} ns x rows / workers (what a pass takes with a core per worker). A sweep is "
+              f"{passes_per_sweep:.2f} passes (two per sweep, plus one per SQUAREM step for its norms); the fits took "
+              f"{sweeps:.0f} sweeps (median), which does not grow with n.", "",
+              f"Projection to 1e9 rows on 32 workers, each memory-mapping its partitions' spilled designs: with a core "
+              f"per worker (CPU-time model) {t_cpu_big:.1f} s per pass, {t_cpu_big * passes_per_sweep:.1f} s per sweep, "
+              f"about {projection['fit_seconds_dedicated_core'] / 60:.0f} min for {sweeps:.0f} sweeps; at the wall-time "
+              f"rate measured here on the shared cores, {t_pass_big:.1f} s per pass, about "
+              f"{projection['fit_seconds'] / 60:.0f} min. Plus the set-up: three passes that read the source and run "
+              "formulaic (see the set-up column), and the disk: 176 bytes a row of spilled design (5.5 GB per "
+              "worker at 1e9 / 32), read from the page cache if it fits there, else from the disk at its bandwidth."]
     (out_dir / "dask_scale.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -187,40 +291,52 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", nargs="+", type=float, default=[1e6, 3e6])
     ap.add_argument("--workers", type=int, default=os.cpu_count())
-    ap.add_argument("--extra-workers", nargs="*", type=int, default=[],
-                    help="also run the smallest size with these worker counts (cost model in W)")
     ap.add_argument("--memory-limit", default="1GB")
+    ap.add_argument("--no-pause", action="store_true",
+                    help="turn the nanny's target/spill/pause thresholds off (terminate stays)")
     ap.add_argument("--part-rows", type=int, default=250_000)
     ap.add_argument("--inmem-max", type=float, default=3e6)
-    ap.add_argument("--data-dir", default="/tmp/vbsvm_dask_scale")
-    ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--measure", choices=["inmem", "dask"], help=argparse.SUPPRESS)
-    ap.add_argument("--path", help=argparse.SUPPRESS)
-    ap.add_argument("--persist", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--blas-rows", type=float, default=3e6)
     ap.add_argument("--persist-max", type=float, default=1e6,
                     help="also fit the sizes up to this with the partitions' designs persisted on the workers")
+    ap.add_argument("--persist-memory-limit", default="1GB", help="the memory limit per worker of those fits")
+    ap.add_argument("--max-sweeps", type=int, default=1000,
+                    help="stop the Dask fits after this many sweeps (time per sweep and memory without convergence)")
+    ap.add_argument("--merge", nargs="+", help="write one report from these dask_scale.json files' runs")
+    ap.add_argument("--data-dir", default="/tmp/vbsvm_dask_scale")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--measure", choices=["inmem", "dask", "blas"], help=argparse.SUPPRESS)
+    ap.add_argument("--path", help=argparse.SUPPRESS)
+    ap.add_argument("--persist", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure == "inmem":
         print(json.dumps(measure_inmem(Path(args.path))))
         return
+    if args.measure == "blas":
+        print(json.dumps(measure_blas(Path(args.path), int(args.blas_rows))))
+        return
     if args.measure == "dask":
-        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist)))
+        print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist, args.no_pause,
+                                      args.max_sweeps)))
+        return
+    if args.merge:
+        results = [r for f in args.merge for r in json.loads(Path(f).read_text())["runs"]]
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_report(sorted(results, key=lambda r: r["rows"]), Path(args.out), args)
         return
     results = []
     for rows in map(int, args.rows):
-        path = Path(args.data_dir) / f"rows_{rows}"
+        path = Path(args.data_dir) / f"rows_{rows}_per_{args.part_rows}"
         make_parquet(path, rows, args.part_rows)
-        common = ["--path", str(path), "--memory-limit", args.memory_limit]
-        todo = [(args.workers, False)] + [(w, False) for w in args.extra_workers if w != args.workers
-                                          and rows == min(map(int, args.rows))]
+        common = ["--path", str(path), "--workers", str(args.workers), "--blas-rows", str(args.blas_rows),
+                  "--max-sweeps", str(args.max_sweeps)] + (["--no-pause"] if args.no_pause else [])
+        todo = [["--measure", "blas"], ["--measure", "dask", "--memory-limit", args.memory_limit]]
         if rows <= args.persist_max:
-            todo.append((args.workers, True))
-        for w, persist in todo:
-            r = run_child(["--measure", "dask", "--workers", str(w), *common] + (["--persist"] if persist else []))
-            print(json.dumps({k: v for k, v in r.items() if k not in ("coef", "sd")}), flush=True)
-            results.append(r)
+            todo.append(["--measure", "dask", "--persist", "--memory-limit", args.persist_memory_limit])
         if rows <= args.inmem_max:
-            r = run_child(["--measure", "inmem", *common])
+            todo.append(["--measure", "inmem"])
+        for extra in todo:
+            r = run_child(extra + common)
             print(json.dumps({k: v for k, v in r.items() if k not in ("coef", "sd")}), flush=True)
             results.append(r)
         out = Path(args.out)

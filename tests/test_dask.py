@@ -49,11 +49,14 @@ CASES = [
 
 @pytest.mark.parametrize("formula,penalty", CASES)
 @pytest.mark.parametrize("npartitions", [1, 2, 7])
-def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions):
+def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions, monkeypatch):
+    from vbsvm import dask_backend
+
+    monkeypatch.setattr(dask_backend, "BLOCK_BYTES", 1)  # a block per partition
     ref = vbsvm.svm(formula, frame, method="meanfield", penalty=penalty)
     data = dd.from_pandas(frame, npartitions=npartitions)
     fit = vbsvm.svm(formula, data, method="meanfield", penalty=penalty)
-    assert fit.info["converged"] and fit.n_obs == N
+    assert fit.info["converged"] and fit.n_obs == N and fit.info["blocks"] == npartitions
     assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
     assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
     for name, table in ref.ranef().items():
@@ -164,3 +167,68 @@ def test_random_slopes_equal_in_memory(client, frame):
     assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
     assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
     assert _rel(fit.ranef()["site"]["sd"], ref.ranef()["site"]["sd"]) < 1e-8
+
+
+def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, monkeypatch):
+    """persist=False writes each block's design once under Dask's temporary-directory,
+    memory-maps it on every pass, gives the in-memory fit, removes its files, and leaves the
+    user's frame as it was."""
+    import dask
+    import tempfile
+
+    from vbsvm import dask_backend
+
+    made, original = [], tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(original(**kw))
+        return made[-1]
+
+    monkeypatch.setattr(dask_backend.tempfile, "mkdtemp", mkdtemp)
+    df = frame.copy()
+    df.loc[df.index[::53], "x3"] = np.nan
+    before = df.copy()
+    formula = "y ~ x1 + x2 + x3 + C(sex) + (1 + x1 | site)"
+    ref = vbsvm.svm(formula, df, method="meanfield")
+    monkeypatch.setattr(dask_backend, "BLOCK_BYTES", 400_000)  # two partitions a block
+    with dask.config.set({"temporary-directory": str(tmp_path)}):
+        fit = vbsvm.svm(formula, dd.from_pandas(df, npartitions=4), method="meanfield", persist=False)
+    assert not fit.info["persisted"] and fit.n_obs == ref.n_obs and fit.info["blocks"] == 2
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert _rel(fit.ranef()["site"]["mean"], ref.ranef()["site"]["mean"]) < 1e-8
+    assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
+    np.testing.assert_allclose(fit.info["prob_calibration"], ref.info["prob_calibration"], rtol=1e-6)
+    assert len(made) == 1 and made[0].startswith(str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # the spill directory is gone
+    pd.testing.assert_frame_equal(df, before)
+
+
+def test_spilled_block_is_the_resident_block(frame, tmp_path):
+    """A spilled partition unpickles to the same model over read-only memory maps, and keeps
+    at most CHI_KEPT remembered arrays on disk."""
+    import time
+
+    from vbsvm import dask_backend
+    from vbsvm.api import _settings
+
+    settings = _settings("y ~ x1 + x2 + (1 | site)", method="meanfield", penalty="auto", missing="drop",
+                         standardize=True, draws=1, tune=1, chains=1, thin=1, seed=None, tol=1e-8, max_iter=10,
+                         accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False,
+                         n_jobs=1)
+    frame = pd.concat([frame] * 4, ignore_index=True)  # a design above SMALL_BUFFER: written to a file
+    design = dask_backend.learn_design("y ~ x1 + x2 + (1 | site)", dd.from_pandas(frame, npartitions=1))
+    spec = dask_backend._DesignSpec(design, settings)
+    resident = dask_backend._task_block([frame], spec, None)
+    # two partitions grouped into one block: the same rows
+    spilled = dask_backend._task_block([frame.iloc[:4000], frame.iloc[4000:]], spec, str(tmp_path / "0"))
+    a, b = resident.model(), spilled.model()
+    for name in ("Cd", "y", "codes", "Zs"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert not b.Cd.flags.writeable and b.Cd.flags.f_contiguous
+    for key in range(dask_backend.CHI_KEPT + 3):
+        spilled.remember(key, np.full(a.n, float(key)))
+        time.sleep(0.02)  # the order of use is the files' modification times
+    kept = sorted(p.name for p in (tmp_path / "0").glob("kept_*.npy"))
+    assert len(kept) == dask_backend.CHI_KEPT
+    assert spilled.recall(0) is None and spilled.recall(dask_backend.CHI_KEPT + 2)[0] == dask_backend.CHI_KEPT + 2

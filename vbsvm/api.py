@@ -159,10 +159,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         each correlation) and ``2 B_u I`` (each variance's marginal prior ``IG(1, B_u)``). In the
         units of the term's columns, which enter unstandardized (as in lme4).
     persist : {"auto", True, False}
-        Dask DataFrames only: keep each partition's design on the workers between passes (True),
-        re-read the partitions on every pass (False: memory flat in n, e.g. Parquet larger than
-        the workers' memory), or persist when the design takes less than half of the workers'
-        memory limit ("auto").
+        Dask DataFrames only: keep each partition's design in the workers' memory between passes
+        (True), spill it once to files that every pass memory-maps (False: memory flat in n, e.g.
+        Parquet larger than the workers' memory; under Dask's ``temporary-directory``, removed at
+        the end), or keep it in memory when it takes less than half of the workers' memory limit
+        ("auto").
 
     Returns
     -------

@@ -14,7 +14,28 @@ names and the random-effect levels exactly as the full data would. The centring 
 constants (mean and sd with ``ddof=1`` of each design column over the complete rows) are a second
 pass: per partition the count, mean, sum of squared deviations and largest absolute value,
 combined by Chan's parallel formulas (no cancellation). Each partition's design is then
-``Design.new_X`` / ``Design.new_random_effects`` of its rows, i.e. the in-memory design's rows.
+``Design.new_X`` / ``Design.new_random_effects`` of its rows, i.e. the in-memory design's rows
+(formulaic runs on chunks of ``CHUNK_ROWS`` rows, so a worker's transient memory does not grow
+with the partitions' size).
+
+Blocks. The design of each partition is built once, in one pass over the source, into a block
+(:class:`_Block`; consecutive partitions are grouped into one block up to ``BLOCK_BYTES`` of
+design, fewer tasks per pass): its :class:`~vbsvm.models.linear.LinearSVMModel` (design in the
+column-major layout the Gram uses, labels, level codes) and a small memory of per-row arrays.
+``dask.persist`` keeps the blocks on the workers and every later pass maps its tasks over them,
+so formulaic and the source (e.g. Parquet) are never touched again. Two kinds:
+
+* in memory (:class:`_Resident`, ``persist=True``), when the designs fit the workers' memory;
+* spilled (:class:`_Spilled`, ``persist=False``, out of core): the model is pickled once with
+  its large arrays written out of band as raw files in a directory the fit owns (created under
+  Dask's ``temporary-directory`` config, default the system's temporary directory, and removed
+  when the fit ends, also on error), and each pass unpickles it over read-only memory maps of
+  those files: no copy, no parsing, pages from the page cache or the disk, released when the task
+  ends, so a worker holds one partition at a time whatever n. The directory must be readable by
+  every worker (one machine, or a shared filesystem).
+
+``persist="auto"`` (default) keeps the blocks in memory when the designs take less than half the
+workers' total memory limit (1 GB without a distributed client), and spills them otherwise.
 
 Sweeps. Mean-field VB (:meth:`vbsvm.models.linear.LinearSVMModel.vb_sweep`) needs from the rows
 only sums: with ``w_i = E[1/a_i] = chi_i^{-1/2}`` and ``r_i = y_i (1 + w_i)``, the
@@ -27,31 +48,47 @@ the prior terms of the ELBO — is computed on the client by the model's own
 :meth:`~vbsvm.models.linear.LinearSVMModel.elbo_prior` from the reduced statistics, so the algebra
 exists once.
 
-No per-row state is stored. The in-memory engine carries ``log chi`` (one number per row) in its
-state vector, and SQUAREM (:mod:`vbsvm.inference.vb`) extrapolates it. But ``chi_i`` after a sweep
-is a function of that sweep's ``q(theta)`` and row i only, ``chi_i = (1 - y_i m_i)^2 + v_i`` with
-``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part of a state is kept as an
-expression — a sweep's posterior, or SQUAREM's ``x - 2 s r + s^2 v`` of such — and evaluated row
-by row inside each partition task, with the same floating-point operations as the in-memory
-arrays. The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
-states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). Worker
-memory is a partition's design, independent of n; the client holds q.
+No per-row state on the client. The in-memory engine carries ``log chi`` (one number per row) in
+its state vector, and SQUAREM (:mod:`vbsvm.inference.vb`) extrapolates it. But ``chi_i`` after a
+sweep is a function of that sweep's ``q(theta)`` and row i only, ``chi_i = (1 - y_i m_i)^2 + v_i``
+with ``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part of a state is kept
+as an expression — a sweep's posterior (with a token naming it), or SQUAREM's
+``x - 2 s r + s^2 v`` of such — and evaluated row by row inside each partition task, with the same
+floating-point operations as the in-memory arrays. The ELBO pass of a sweep computes ``m_i, v_i``
+of the new q anyway; it leaves ``log chi`` in the partition's block under the posterior's token,
+and the block keeps the last ``CHI_KEPT`` used (8 bytes a row each; in the spill files when
+spilled), so the next sweep's Gram pass and SQUAREM's norms read them instead of recomputing the
+variances (a block that misses one, e.g. a copy on another worker, recomputes it from the
+posterior). The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
+states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). The
+client holds q.
 
 Why the result is the in-memory fit: every sweep computes the same sums (only their order of
 summation differs, ~1e-16 relative), the same per-row values and the same client-side updates, so
 the iterates, the accepted SQUAREM steps and the stopping sweep are the same; the tests check
 coefficients and sds to 1e-8 (relative) with 1, 2 and 7 partitions on a LocalCluster.
 
-Passes over the data: two per sweep (the statistics given the current state; the ELBO of the new
-q), one more per SQUAREM step (the norms). Partitions are re-read on every pass (streamed, e.g.
-from Parquet: memory flat in n) unless ``persist`` keeps each partition's design on the workers.
+Passes over the blocks: two per sweep (the statistics given the current state: one ``C' W C``;
+the ELBO of the new q: one product for the variances of the scores), one more per SQUAREM step
+(the norms, from the remembered ``log chi`` only). Before them, three passes over the source: the
+levels, the standardization constants, the blocks; after them, the probit scale of
+``kind="prob"`` (the scores under the final q, kept in the blocks while a one-dimensional search
+sums their log likelihood).
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import glob
+import itertools
 import math
 import numbers
+import os
+import pickle
+import shutil
+import tempfile
+import time
 
 import numpy as np
 import pandas as pd
@@ -267,6 +304,15 @@ def _prototype(data, levels, mins, maxs, numeric_cols) -> pd.DataFrame:
     return frame
 
 
+#: rows of a partition put through formulaic at a time (a worker's transient memory is then
+#: independent of the partitions' size)
+CHUNK_ROWS = 32_768
+
+
+def _chunks(n) -> list:
+    return [slice(s, min(s + CHUNK_ROWS, n)) for s in range(0, n, CHUNK_ROWS)]
+
+
 class _DesignSpec:
     """What a partition task needs to build its rows: the design and the model's priors."""
 
@@ -282,30 +328,39 @@ class _DesignSpec:
 
     def model(self, frame: pd.DataFrame):
         """The partition's :class:`LinearSVMModel` (its rows of the in-memory model), or None."""
-        if isinstance(frame, LinearSVMModel) or frame is None:
-            return frame
         d, s = self.design, self.settings
         rows, _ = self.rows(frame)
         if len(rows) == 0:
             return None
-        X = d.new_X(rows)
+        # by chunks of rows, so that formulaic's copies stay small whatever the partition's size;
+        # column-major, the layout the model's products use (LinearSVMModel then keeps it as is)
+        X = np.empty((len(rows), d.p), order="F")
+        effects = []
+        for chunk in _chunks(len(rows)):
+            X[chunk] = d.new_X(rows.iloc[chunk])
+            effects.append(d.new_random_effects(rows.iloc[chunk], new_levels="error"))
         y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
-        groups = [(codes, g.n_levels, g.name, Z)
-                  for g, (codes, Z) in zip(d.groups, d.new_random_effects(rows, new_levels="error"))]
+        groups = [(np.concatenate([e[k][0] for e in effects]), g.n_levels, g.name,
+                   np.concatenate([e[k][1] for e in effects]))
+                  for k, g in enumerate(d.groups)]
         return LinearSVMModel(X, y, groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
                               A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
                               intercept=d.column_names.index("Intercept") if d.has_intercept else None)
 
 
 def _column_moments(frame, spec):
+    """Count, mean, sum of squared deviations and largest absolute value of each unstandardized
+    design column over a partition's complete rows (by chunks, combined by Chan's formulas), and
+    its incomplete rows (twice: dropped, and counted for ``missing="raise"``)."""
     rows, n_bad = spec.rows(frame)
-    X = spec.design.new_X(rows, standardized=False)
-    n = X.shape[0]
-    if n == 0:
-        z = np.zeros(X.shape[1])
-        return 0, z, z.copy(), z.copy(), n_bad, n_bad
-    mean = X.mean(axis=0)
-    return n, mean, ((X - mean) ** 2).sum(axis=0), np.abs(X).max(axis=0), n_bad, n_bad
+    zero = np.zeros(spec.design.p)
+    parts = [(0, zero, zero, zero, 0, 0)]
+    for chunk in _chunks(len(rows)):
+        X = spec.design.new_X(rows.iloc[chunk], standardized=False)
+        mean = X.mean(axis=0)
+        parts.append((X.shape[0], mean, ((X - mean) ** 2).sum(axis=0), np.abs(X).max(axis=0), 0, 0))
+    n, mean, m2, top, _, _ = _combine_moments(*parts)
+    return n, mean, m2, top, n_bad, n_bad
 
 
 def _combine_moments(*parts):
@@ -322,6 +377,121 @@ def _combine_moments(*parts):
             n = tot
         bad, inc = bad + badb, inc + incb
     return n, mean, m2, top, bad, inc
+
+
+# ============================================================================ partition blocks
+#: sweep posteriors whose ``log chi`` a partition keeps, the least recently used dropped first: a
+#: SQUAREM step reads at most four (its start, its two sweeps, the newest)
+CHI_KEPT = 5
+
+#: pickle buffers below this many bytes stay inside a spilled block's pickle (not in a file)
+SMALL_BUFFER = 1 << 16
+
+
+#: design bytes a block aims at: consecutive partitions are grouped up to it, so that a pass has
+#: few tasks (Dask's overhead is per task) while a spilled block's pages, mapped during its task,
+#: stay a small part of a worker's memory
+BLOCK_BYTES = 32 * 2 ** 20
+
+
+def _task_block(frames, spec, path):
+    """The :class:`_Block` of consecutive raw partitions ``frames``: in memory (``path`` None) or
+    spilled under ``path``."""
+    model = spec.model(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
+    return _Resident(model) if path is None else _Spilled(model, path)
+
+
+class _Block:
+    """One partition's rows as the sweeps use them — its :class:`LinearSVMModel` (the design's rows
+    in the column-major layout of the Gram, the labels, the level codes), built once from the raw
+    partition — and a memory of per-row arrays by key (the ``log chi`` of the last ``CHI_KEPT``
+    sweep posteriors used, the least recently used dropped). Kept on a worker by ``dask.persist``;
+    the subclasses hold the arrays in memory or in files. The memory is an optimization only: a
+    task that misses it recomputes ``log chi`` from the posterior (e.g. on a worker holding a copy
+    of the block)."""
+
+
+class _Resident(_Block):
+    """A :class:`_Block` in the worker's memory."""
+
+    def __init__(self, model):
+        self._model = model
+        self._values = {}
+        self._kept = []  # keys, least recently used first
+
+    def _touch(self, key) -> list:
+        """Mark ``key`` used; returns the keys to drop."""
+        if key in self._kept:
+            self._kept.remove(key)
+        self._kept.append(key)
+        dropped, self._kept = self._kept[:-CHI_KEPT], self._kept[-CHI_KEPT:]
+        return dropped
+
+    def model(self):
+        return self._model
+
+    def recall(self, key):
+        got = self._values.get(key)
+        if got is not None:
+            self._touch(key)
+        return got
+
+    def remember(self, key, values):
+        self._values[key] = values
+        for old in self._touch(key):
+            del self._values[old]
+
+    def __sizeof__(self):  # what Dask counts as this block's memory
+        arrays = list(vars(self._model).values()) if self._model is not None else []
+        arrays += list(self._values.values())
+        return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+class _Spilled(_Block):
+    """A :class:`_Block` in files under ``path``: the model is pickled once (protocol 5) with its
+    large arrays written out of band, one raw file each, and every pass unpickles it over
+    read-only memory maps of those files (no copy; the pages come from the page cache or the
+    disk, and are released when the task ends). The remembered arrays are ``.npy`` files."""
+
+    def __init__(self, model, path):
+        os.makedirs(path)
+        self.path = path
+        self._files = []
+
+        def out_of_band(buffer):
+            raw = buffer.raw()
+            if raw.nbytes < SMALL_BUFFER:
+                return True  # in the pickle
+            name = os.path.join(path, f"{len(self._files)}.bin")
+            with open(name, "wb") as fh:
+                fh.write(raw)
+            self._files.append(name)
+            return False
+
+        self._pickle = pickle.dumps(model, protocol=5, buffer_callback=out_of_band)
+
+    def model(self):
+        return pickle.loads(self._pickle, buffers=[np.memmap(f, dtype=np.uint8, mode="r") for f in self._files])
+
+    def _file(self, key) -> str:
+        return os.path.join(self.path, f"kept_{key}.npy")
+
+    # The order of use is the files' modification times, not ``_kept``: a copy of this handle on
+    # another worker (Dask may move a task and its small inputs) then sees the same memory.
+    def recall(self, key):
+        name = self._file(key)
+        try:
+            os.utime(name)
+        except FileNotFoundError:
+            return None
+        return np.load(name)
+
+    def remember(self, key, values):
+        np.save(self._file(key), values)
+        kept = sorted(glob.glob(os.path.join(self.path, "kept_*.npy")), key=os.path.getmtime)
+        for old in kept[:-CHI_KEPT]:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(old)
 
 
 # ============================================================================ the model
@@ -383,46 +553,53 @@ def _log_chi(post, part):
     return np.log(hinge.update_chi(part.y, mf, vf))
 
 
-def _evaluate(expr, part, cache):
-    """Per-row values of a state expression on one partition (the in-memory arithmetic)."""
+def _evaluate(expr, part, block):
+    """Per-row values of a state expression on one partition (the in-memory arithmetic); the
+    ``log chi`` of each sweep posterior comes from the partition's memory when it is still there
+    (:meth:`_Block.recall`), else it is recomputed from the posterior."""
     kind = expr[0]
     if kind == "zero":
         return np.zeros(part.n)
     if kind == "post":
-        key = id(expr[1])
-        if key not in cache:
-            cache[key] = _log_chi(expr[1], part)
-        return cache[key]
+        _, post, token = expr
+        got = block.recall(token)
+        if got is None:
+            got = _log_chi(post, part)
+            block.remember(token, got)
+        return got
     if kind == "mul":
-        return expr[1] * _evaluate(expr[2], part, cache)
-    a, b = _evaluate(expr[1], part, cache), _evaluate(expr[2], part, cache)
+        return expr[1] * _evaluate(expr[2], part, block)
+    a, b = _evaluate(expr[1], part, block), _evaluate(expr[2], part, block)
     return a + b if kind == "add" else a - b
 
 
-def _task_gram(src, spec, rows):
-    part = spec.model(src)
+def _task_gram(block, rows):
+    part = block.model()
     if part is None:
         return None
-    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, {})))
+    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, block)))
     return _gram_parts(WorkingGram(part, w, hinge.working_response(part.y, w)))
 
 
-def _task_elbo(src, spec, post):
-    part = spec.model(src)
+def _task_elbo(block, post, token):
+    """The hinge terms of the ELBO of ``post``; keeps the partition's ``log chi`` under ``token``
+    (the next sweep's state, usually)."""
+    part = block.model()
     if part is None:
         return 0.0
     p = copy.copy(post)
     p.model = part
     mf, vf = p.linear_predictor()
-    return hinge.elbo(part.y, mf, vf, hinge.update_chi(part.y, mf, vf))
+    chi = hinge.update_chi(part.y, mf, vf)
+    block.remember(token, np.log(chi))
+    return hinge.elbo(part.y, mf, vf, chi)
 
 
-def _task_norms(src, spec, r, v):
-    part = spec.model(src)
+def _task_norms(block, r, v):
+    part = block.model()
     if part is None:
         return 0.0, 0.0, True
-    cache = {}
-    rv, vv = _evaluate(r, part, cache), _evaluate(v, part, cache)
+    rv, vv = _evaluate(r, part, block), _evaluate(v, part, block)
     return float(rv @ rv), float(vv @ vv), bool(np.all(np.isfinite(vv)))
 
 
@@ -445,18 +622,17 @@ class DaskLinearModel:
 
     Parameters
     ----------
-    sources : list of dask.delayed.Delayed
-        One per partition: the raw partition frame, or its persisted
-        :class:`~vbsvm.models.linear.LinearSVMModel`.
-    spec : _DesignSpec
-        The design and the prior settings.
+    blocks : list of dask.delayed.Delayed
+        One persisted :class:`_Block` per partition.
+    design : Design
+        From :func:`learn_design`.
+    settings : dict
+        The checked settings of :func:`vbsvm.svm` (the priors).
     """
 
-    def __init__(self, sources, spec):
-        d, s = spec.design, spec.settings
-        self.sources, self.spec = sources, spec
-        dask = _dask()
-        self._spec = dask.delayed(spec, pure=False)
+    def __init__(self, blocks, design, settings):
+        d, s = design, settings
+        self.blocks = blocks
         # the model without rows: it owns the layout, the priors and the row-free algebra
         groups = [(np.zeros(0, np.int64), g.n_levels, g.name, np.zeros((0, g.q))) for g in d.groups]
         self.skeleton = LinearSVMModel(
@@ -466,12 +642,12 @@ class DaskLinearModel:
         self.n = d.n
         self.blas_work = 0.0  # the client's products are q-sized
         self.passes = 0
+        self._tokens = itertools.count()  # names the sweep posteriors in the blocks' memories
 
     def _reduce(self, task, combine, *args):
         dask = _dask()
         shared = [dask.delayed(a, pure=False) for a in args]
-        out = dask.compute(_tree_reduce([dask.delayed(task)(src, self._spec, *shared) for src in self.sources],
-                                        combine))[0]
+        out = dask.compute(_tree_reduce([dask.delayed(task)(b, *shared) for b in self.blocks], combine))[0]
         self.passes += 1
         return out
 
@@ -480,12 +656,14 @@ class DaskLinearModel:
 
     def vb_sweep(self, state: DaskState):
         """One sweep of :meth:`LinearSVMModel.vb_sweep`: a pass for the working Gram given the
-        state, the update of q on the client, a pass for the hinge terms of the ELBO."""
+        state, the update of q on the client, a pass for the hinge terms of the ELBO (which
+        leaves each partition's ``log chi`` of the new q in its block, for the next pass)."""
         _, Bq, q_cov = self.skeleton._unpack_state(state.glob)
         A, bd, D, G, br = self._reduce(_task_gram, _sum_gram, state.rows)
         q = self.skeleton.vb_update(Bq, q_cov, gram=_Gram(A, bd, D, G, br))
-        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"]))
-        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"])), q, value
+        token = next(self._tokens)
+        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"], token))
+        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"], token)), q, value
 
     def vb_state_norms(self, r: DaskState, v: DaskState):
         """``(||r||, ||v||, v finite)`` of SQUAREM's differences, in one pass."""
@@ -534,10 +712,11 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     prior : None
         LaplaceZero is refused.
     persist : {"auto", True, False}
-        Keep each partition's design on the workers between passes (True), re-read the partitions
-        on every pass (False, e.g. Parquet larger than the workers' memory), or decide from the
-        design's size and the workers' memory limits ("auto": persist if it takes less than
-        half of it; without a distributed client, persist if below 1 GB).
+        Keep each partition's design in the workers' memory between passes (True), or spill it
+        once to files that every pass memory-maps (False: out of core, worker memory flat in n;
+        the files go under Dask's ``temporary-directory`` config and are removed at the end), or
+        decide from the design's size and the workers' memory limits ("auto": in memory if it
+        takes less than half of it; without a distributed client, if below 1 GB).
 
     Returns
     -------
@@ -549,6 +728,7 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     from .results import ThetaLayout
 
     dask = _dask()
+    start = time.perf_counter()
     _refuse(settings, prior)
     persist = _fit_settings_dask(settings, persist)
     design = learn_design(formula, data, standardize=settings["standardize"], missing=settings["missing"])
@@ -558,25 +738,45 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     width = design.p + sum(g.n_levels * g.q for g in design.groups) + 4
     if persist == "auto":
         persist = 8.0 * design.n * width < _memory_budget()
-    if persist:
-        models = [dask.delayed(spec.model)(s) for s in sources]
-        sources = list(dask.persist(*models))
-    model = DaskLinearModel(sources, spec)
-    layout = ThetaLayout.from_model(model.skeleton, design)
-    M = design.to_original(model.skeleton.qd)
-    info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
-            "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
-            "partitions": int(data.npartitions), "persisted": bool(persist)}
-    with numerical_failures("variational Bayes"):
-        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
-                                accelerate=settings["accelerate"])
-    posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
-    info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
-                **res.info)
-    fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
-                       info=info)
-    fit.info["prob_calibration"] = list(_probit_calibration(fit, data[list(design.raw.columns)].to_delayed(), spec))
+    root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
+    group = max(1, int(BLOCK_BYTES // (8.0 * width * max(design.n / len(sources), 1.0))))
+    try:
+        blocks = list(dask.persist(*[dask.delayed(_task_block)(sources[k:k + group], spec,
+                                                               root and os.path.join(root, str(k)))
+                                     for k in range(0, len(sources), group)]))
+        _wait(blocks)
+        setup = time.perf_counter() - start
+        model = DaskLinearModel(blocks, design, settings)
+        layout = ThetaLayout.from_model(model.skeleton, design)
+        M = design.to_original(model.skeleton.qd)
+        info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
+                "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
+                "partitions": int(data.npartitions), "blocks": len(blocks), "persisted": bool(persist)}
+        with numerical_failures("variational Bayes"):
+            res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
+                                    accelerate=settings["accelerate"])
+        posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
+        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
+                    seconds_setup=setup, **res.info)
+        fit = _fit_class()(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
+                           info=info)
+        fit.info["prob_calibration"] = list(_probit_calibration(res.q["theta"], blocks))
+    finally:
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
     return fit
+
+
+def _wait(blocks):
+    """Return once the persisted ``blocks`` exist (a distributed client builds them in the
+    background; the local schedulers already have)."""
+    try:
+        from distributed import get_client, wait
+
+        get_client()
+    except (ImportError, ValueError):
+        return
+    wait(blocks)
 
 
 def _check_groups(design, settings):
@@ -601,43 +801,47 @@ def _memory_budget() -> float:
     return 0.5 * total if total > 0 else 1e9
 
 
-def _task_scores(frame, fit):
-    """``(y m, s)`` of the complete training rows of a partition (for the probit scale)."""
-    d = fit.design
-    rows = frame.loc[~d.incomplete_rows(frame)]
-    if len(rows) == 0:
-        return np.zeros(0), np.zeros(0)
-    score = fit.predict_score(rows, new_levels="zero")
-    y = np.where(np.asarray(rows[d.response] == d.positive_level, dtype=bool), 1.0, -1.0)
-    return y * score["mean"].to_numpy(), np.nan_to_num(score["sd"].to_numpy())
+def _scores(block, post):
+    """``(y m, s)`` of the partition's rows under ``post`` (for the probit scale), from its block's
+    memory or computed and kept there; None for an empty partition."""
+    got = block.recall("scores")
+    if got is None:
+        part = block.model()
+        if part is None:
+            return None
+        p = copy.copy(post)
+        p.model = part
+        mf, vf = p.linear_predictor()
+        got = np.stack([part.y * mf, np.sqrt(np.maximum(vf, 0.0))])
+        block.remember("scores", got)
+    return got
 
 
-def _task_nll(ms, a):
+def _task_nll(block, post, a):
     from scipy.special import log_ndtr
 
-    ym, s = ms
+    got = _scores(block, post)
+    if got is None:
+        return 0.0
+    ym, s = got
     return -float(log_ndtr(a * ym / np.sqrt(1.0 + (a * s) ** 2)).sum())
 
 
-def _probit_calibration(fit, sources, spec):
+def _probit_calibration(post, blocks):
     """:func:`vbsvm.results.fit_probit_calibration` over the partitions: the scores of the
-    training rows are computed once and kept on the workers (16 bytes a row) while the
-    one-dimensional search sums the log likelihood over them; released afterwards."""
+    training rows under the final ``q(theta)`` are computed at the first evaluation and kept in
+    the blocks (16 bytes a row, in memory or in the spill files) while the one-dimensional search
+    sums the log likelihood over them."""
     from .results import calibration_scale
 
     dask = _dask()
-    light = _light_fit(fit)
-    shared = dask.delayed(light, pure=False)
-    scores = list(dask.persist(*[dask.delayed(_task_scores)(s, shared) for s in sources]))
+    shared = dask.delayed(post, pure=False)
 
     def nll(log_a):
         a = math.exp(log_a)
-        return dask.compute(_tree_reduce([dask.delayed(_task_nll)(s, a) for s in scores], _sum_floats))[0]
+        return dask.compute(_tree_reduce([dask.delayed(_task_nll)(b, shared, a) for b in blocks], _sum_floats))[0]
 
-    try:
-        return calibration_scale(nll)
-    finally:
-        del scores
+    return calibration_scale(nll)
 
 
 def _light_fit(fit):

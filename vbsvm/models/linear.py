@@ -342,8 +342,9 @@ class CoefficientPosterior:
         else:
             var = np.empty(m.n)
             for rows in row_blocks(m.n, m.qd):
-                V = m.Cd[rows] @ self.Linv.T
-                var[rows] = np.einsum("ij,ij->i", V, V)
+                # L^{-1} C' (q_d x rows): this shape of the product is ~1.5x faster than C L^{-T}
+                V = self.Linv @ m.Cd[rows].T
+                var[rows] = np.einsum("ji,ji->i", V, V)
         return mean, var
 
     def sample(self, rng) -> np.ndarray:
