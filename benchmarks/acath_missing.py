@@ -80,7 +80,7 @@ def coefficient_sources(acath, design, T, vb_impute, gibbs_impute, args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         vb_cc = vbsvm.svm(FORMULA, data=cc, seed=args.seed)
-        gb_cc = vbsvm.svm(FORMULA, data=cc, method="gibbs", draws=args.draws, tune=args.tune, chains=args.chains,
+        gb_cc = vbsvm.svm(FORMULA, data=cc, method="gibbs", draws=args.draws, max_draws=args.draws, tune=args.tune, chains=args.chains,
                           seed=args.seed, progress=False, n_jobs=args.n_jobs)
     std = lambda fit: T @ fit.coef["mean"].to_numpy()  # noqa: E731 (original -> standardized)
     draws_cc = gb_cc._theta_draws()[:, : design.p] @ T.T
@@ -103,7 +103,7 @@ def coefficient_sources(acath, design, T, vb_impute, gibbs_impute, args):
         if k < 3:  # VB against Gibbs on a completed data set: no imputation inside either engine
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DiagnosticWarning)
-                gb_k = vbsvm.svm(FORMULA, data=completed, method="gibbs", draws=args.draws, tune=args.tune,
+                gb_k = vbsvm.svm(FORMULA, data=completed, method="gibbs", draws=args.draws, max_draws=args.draws, tune=args.tune,
                                  chains=args.chains, seed=args.seed, progress=False, n_jobs=args.n_jobs)
             d_k = gb_k._theta_draws()[:, : design.p] @ T.T
             completed_agreement.append({
@@ -138,7 +138,7 @@ def conditional_agreement(acath, args):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         t = time.perf_counter()
-        gb = vbsvm.svm(FORMULA, data=acath, missing="impute", method="gibbs", draws=args.draws, tune=args.tune,
+        gb = vbsvm.svm(FORMULA, data=acath, missing="impute", method="gibbs", draws=args.draws, max_draws=args.draws, tune=args.tune,
                        chains=args.chains, seed=args.seed, progress=False, n_jobs=args.n_jobs)
         t_gb = time.perf_counter() - t
     diag = gb.diagnostics()
@@ -208,7 +208,7 @@ def main(argv=None):
         warnings.simplefilter("ignore", DiagnosticWarning)
         t = time.perf_counter()
         gb = vbsvm.svm(FORMULA, data=acath, missing="impute", imputation="joint", method="gibbs", draws=args.draws,
-                       tune=args.tune, chains=args.chains, seed=args.seed, progress=False, n_jobs=args.n_jobs)
+                       max_draws=args.draws, tune=args.tune, chains=args.chains, seed=args.seed, progress=False, n_jobs=args.n_jobs)
         t_gb = time.perf_counter() - t
     diag = gb.diagnostics()
     beta_rows = [f"beta[{c}]" for c in gb.layout.fixed]

@@ -73,7 +73,7 @@ def gibbs_reference(name, cache: Path):
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fit = vbsvm.svm(formula, data=loader(), penalty=penalty, method="gibbs", draws=5000, tune=5000,
+            fit = vbsvm.svm(formula, data=loader(), penalty=penalty, method="gibbs", draws=5000, max_draws=5000, tune=5000,
                             chains=4, thin=thin, seed=1, progress=False)
         diag = fit.diagnostics()
         cache.mkdir(parents=True, exist_ok=True)

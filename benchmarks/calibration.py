@@ -275,7 +275,7 @@ def run_vbsvm(train, test, method, seed, gh_nodes):
         for ``vb`` the learned ``scale`` of ``vb_scaled`` and ``(a, b)`` of ``vb_platt``;
         ``warnings`` lists the distinct warnings raised while fitting (e.g. EP non-convergence).
     """
-    kw = dict(chains=2, draws=1000, tune=500) if method == "gibbs" else {}
+    kw = dict(chains=2, draws=1000, max_draws=1000, tune=500) if method == "gibbs" else {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fit, wall, cpu = _timed(lambda: vbsvm.svm("y ~ .", train, method=method, seed=seed,

@@ -70,8 +70,8 @@ def fit_vb(train, test, method="vb"):
 
 def fit_gibbs(train, test, chains, draws, tune, seed):
     t0, c0 = time.perf_counter(), time.process_time()
-    fit = vbsvm.svm("y ~ .", data=train, method="gibbs", chains=chains, draws=draws, tune=tune, seed=seed,
-                    progress=False)
+    fit = vbsvm.svm("y ~ .", data=train, method="gibbs", chains=chains, draws=draws, max_draws=draws, tune=tune,
+                    seed=seed, progress=False)
     sec, cpu = time.perf_counter() - t0, time.process_time() - c0
     rhat = fit.diagnostics()["r_hat"]
     return {"ber": ber(test["y"], fit.predict(test).to_numpy()), "seconds": sec, "cpu_seconds": cpu,

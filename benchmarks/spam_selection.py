@@ -149,10 +149,10 @@ def esl_ber(args, out):
     draws, tune = (5000, 5000) if not args.quick else (500, 500)
     specs = {
         "VB, Laplace-zero rho=0.01": dict(prior=LaplaceZero(rho=0.01)),
-        "Gibbs, Laplace-zero rho=0.01": dict(prior=LaplaceZero(rho=0.01), method="gibbs", draws=draws, tune=tune,
-                                              chains=4, n_jobs=2, progress=False),
+        "Gibbs, Laplace-zero rho=0.01": dict(prior=LaplaceZero(rho=0.01), method="gibbs", draws=draws, max_draws=draws,
+                                              tune=tune, chains=4, n_jobs=2, progress=False),
         "VB, penalty inference (no selection)": dict(),
-        "Gibbs, penalty inference (no selection)": dict(method="gibbs", draws=draws, tune=tune, chains=4,
+        "Gibbs, penalty inference (no selection)": dict(method="gibbs", draws=draws, max_draws=draws, tune=tune, chains=4,
                                                          n_jobs=2, progress=False),
     }
     for label, kw in specs.items():

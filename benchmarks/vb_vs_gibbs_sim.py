@@ -46,7 +46,7 @@ def one(formula, data, *, chains, draws, tune, seed, penalty="auto"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         gibbs = vbsvm.svm(formula, data=data, penalty=penalty, method="gibbs", chains=chains, draws=draws,
-                          tune=tune, seed=seed, progress=False)
+                          max_draws=draws, tune=tune, seed=seed, progress=False)
     t_gibbs = time.perf_counter() - t0
     cmp = compare(vb, gibbs)
     tab = cmp.table()
