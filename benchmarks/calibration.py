@@ -60,7 +60,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import optimize, special
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
