@@ -126,7 +126,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         longer run) for more draws, sized from the ESS shortfall, until the targets hold or the
         chains reach ``max_draws`` draws (after thinning); then a
         :class:`~vbsvm.exceptions.DiagnosticWarning` names the worst parameter and the draws it
-        needs. Default ``4 * draws``; ``max_draws=draws`` switches the extension off; runs with
+        needs. Chains that would need more than twice ``max_draws`` (they have not mixed) are
+        not extended: they warn at once. Default ``4 * draws``; ``max_draws=draws`` switches the extension off; runs with
         ``checkpoint`` are not extended. ``fit.info`` records ``draws_requested``, ``draws``
         (kept), ``max_draws`` and the ``extension_rounds``.
     seed : int or None
