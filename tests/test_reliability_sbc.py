@@ -211,9 +211,9 @@ def _laplace_sbc(n_rep, L, thin, seed, wrong=False):
     A, B, rho = 3.0, 2.0, 0.4
     select = np.r_[False, np.ones(m, bool)]
     model = LaplaceZeroModel(X, np.ones(n), [], select, rho, sigma2_beta=1.0, A=A, B=B)
-    if wrong:  # indicator update with the prior log-odds counted twice
+    if wrong:  # indicator update with the prior log-odds inverted: log((1 - rho) / rho)
         model.set_rho(rho)
-        model.logit_rho = 2 * model.logit_rho
+        model.logit_rho = -model.logit_rho
 
     def simulate(rng):
         s2u = InverseGamma(A, B).sample(rng)
