@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import numbers
 import time
 import warnings
 
 import numpy as np
 import pandas as pd
 
+from . import validation
 from .design import build_design
-from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError, InputTypeError
+from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from .inference.ep import fit_calibrated
 from .inference.failures import numerical_failures
 from .inference.gibbs import run_chains
@@ -28,36 +28,6 @@ APPROXIMATIONS = {
     "calibrated": "calibrated: EP integrated over a grid of the variances (INLA-style)",
     "meanfield": "mean-field VB (Luts & Ormerod Algorithms 1-4)",
 }
-
-
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InputTypeError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    if value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {value}.")
-    return int(value)
-
-
-def _positive_float(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputTypeError(f"{name} must be a positive number, got {value!r}.")
-    if not (np.isfinite(value) and value > 0):
-        raise InputError(f"{name} must be a positive finite number, got {value!r}.")
-    return float(value)
-
-
-def _check_seed(seed):
-    if seed is None or (isinstance(seed, numbers.Integral) and not isinstance(seed, bool) and seed >= 0):
-        return None if seed is None else int(seed)
-    raise InputTypeError(f"seed must be a non-negative integer or None, got {seed!r}.")
-
-
-def _check_penalty(penalty):
-    if penalty is None or (isinstance(penalty, str) and penalty == "auto"):
-        return penalty
-    if isinstance(penalty, str):
-        raise InputError(f"penalty must be 'auto', None or a positive number alpha; got {penalty!r}.")
-    return _positive_float(penalty, "penalty")
 
 
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
@@ -179,7 +149,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                          f"label, cut from the SVM) or 'joint' (the paper's model); got {imputation!r}.")
     settings.update(sigma2_mu=sigma2_mu, nu=nu, imputation=imputation,
                     Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist(),
-                    re_df=None if re_df is None else _positive_float(re_df, "re_df"),
+                    re_df=None if re_df is None else validation.positive_float(re_df, "re_df"),
                     checkpoint=None if checkpoint is None else str(checkpoint),
                     re_scale=None if re_scale is None else np.asarray(re_scale, dtype=float).tolist())
     if _is_dask_frame(data):
@@ -316,26 +286,25 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
         raise InputError(f"method must be one of {METHODS}; got {method!r}.")
     approximation = {"vb": "calibrated", "meanfield": "meanfield"}.get(method)
     method = "vb" if approximation else method
-    if isinstance(level, bool) or not isinstance(level, numbers.Real) or not 0 < level < 1:
-        raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
-    draws = _positive_int(draws, "draws")
-    if max_draws is not None and _positive_int(max_draws, "max_draws") < draws:
+    level = validation.level(level)
+    draws = validation.integer(draws, "draws")
+    if max_draws is not None and validation.integer(max_draws, "max_draws") < draws:
         raise InputError(f"max_draws must be at least draws = {draws} (max_draws=draws switches the extension "
                          f"of Gibbs runs off); got {max_draws}.")
     return {
         "formula": formula, "method": method, "approximation": approximation,
-        "penalty": _check_penalty(penalty), "missing": missing,
+        "penalty": validation.penalty(penalty), "missing": missing,
         "standardize": bool(standardize), "draws": draws,
         "max_draws": None if max_draws is None else int(max_draws),
-        "tune": _positive_int(tune, "tune", minimum=0), "chains": _positive_int(chains, "chains"),
-        "thin": _positive_int(thin, "thin"), "seed": _check_seed(seed),
+        "tune": validation.integer(tune, "tune", minimum=0), "chains": validation.integer(chains, "chains"),
+        "thin": validation.integer(thin, "thin"), "seed": validation.seed(seed),
         # seed of the iid draws a VB fit stores in to_arviz(): fixed at fit time, so that the
         # draws (and a saved file) are reproducible even when seed=None
-        "draw_seed": _check_seed(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]),
-        "tol": _positive_float(tol, "tol"), "max_iter": _positive_int(max_iter, "max_iter"),
-        "sigma2_beta": _positive_float(sigma2_beta, "sigma2_beta"), "A_u": _positive_float(A_u, "A_u"),
-        "B_u": _positive_float(B_u, "B_u"), "level": float(level), "accelerate": bool(accelerate),
-        "progress": bool(progress), "n_jobs": _positive_int(n_jobs, "n_jobs"),
+        "draw_seed": validation.seed(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]),
+        "tol": validation.positive_float(tol, "tol"), "max_iter": validation.integer(max_iter, "max_iter"),
+        "sigma2_beta": validation.positive_float(sigma2_beta, "sigma2_beta"), "A_u": validation.positive_float(A_u, "A_u"),
+        "B_u": validation.positive_float(B_u, "B_u"), "level": level, "accelerate": bool(accelerate),
+        "progress": bool(progress), "n_jobs": validation.integer(n_jobs, "n_jobs"),
     }
 
 

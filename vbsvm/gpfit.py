@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy.linalg import cho_factor, cho_solve
 
+from vbsvm import validation
 from vbsvm.design import design_from_text, design_to_text
 from vbsvm.exceptions import InputError
 from vbsvm.inference.gibbs import run_chains
@@ -44,14 +45,6 @@ _METHODS = ("svi", "vb", "gibbs")
 VB_MAX_INDUCING = 2000
 #: the same limit when batch VB learns the hyperparameters (optimize=True)
 VB_MAX_INDUCING_LEARN = 500
-
-
-def _check_positive_int(value, name, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise InputError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,12 +123,11 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     """
     if method not in _METHODS:
         raise InputError(f"method={method!r} is not known; use one of {_METHODS}")
-    draws = _check_positive_int(draws, "draws")
-    chains = _check_positive_int(chains, "chains")
-    thin = _check_positive_int(thin, "thin")
-    n_jobs = _check_positive_int(n_jobs, "n_jobs")
-    if isinstance(tune, bool) or not isinstance(tune, (int, np.integer)) or tune < 0:
-        raise InputError(f"tune must be a non-negative integer, got {tune!r}")
+    draws = validation.integer(draws, "draws")
+    chains = validation.integer(chains, "chains")
+    thin = validation.integer(thin, "thin")
+    n_jobs = validation.integer(n_jobs, "n_jobs")
+    tune = validation.integer(tune, "tune", minimum=0)
     rng = np.random.default_rng(seed)
     dask_source = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.dask_backend.DaskBatches
     streaming = callable(X) or dask_source
@@ -169,12 +161,12 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
         n, d = X.shape
         Xk, yk = X, y
     if batch_size is not None:
-        batch_size = _check_positive_int(batch_size, "batch_size")
+        batch_size = validation.integer(batch_size, "batch_size")
     if method == "vb" and n_inducing is None:
         inducing_eff = "data"
     else:
         inducing_eff = inducing
-    m = _check_positive_int(64 if n_inducing is None else n_inducing, "n_inducing")
+    m = validation.integer(64 if n_inducing is None else n_inducing, "n_inducing")
     full = isinstance(inducing_eff, str) and inducing_eff == "data"
     limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
     m_eff = min(n if full else m, n)

@@ -20,6 +20,7 @@ import numbers
 
 import numpy as np
 
+from . import validation
 from .exceptions import InputError, InputTypeError
 
 __all__ = ["LaplaceZero", "DEFAULT_RHO_GRID"]
@@ -28,15 +29,6 @@ __all__ = ["LaplaceZero", "DEFAULT_RHO_GRID"]
 DEFAULT_RHO_GRID = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
 
 _DEFAULT_RHO = 0.01
-
-
-def _check_probability(value, name):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InputTypeError(f"{name} must be a number in (0, 1) or 'auto', got {value!r}.")
-    value = float(value)
-    if not (np.isfinite(value) and 0.0 < value < 1.0):
-        raise InputError(f"{name} must lie strictly between 0 and 1 (a prior inclusion probability), got {value!r}.")
-    return value
 
 
 class LaplaceZero:
@@ -89,7 +81,7 @@ class LaplaceZero:
             self.rho = "auto"
             self.expected_size = None
         else:
-            self.rho = _check_probability(rho, "rho")
+            self.rho = validation.probability(rho, "rho")
             self.expected_size = None
         if isinstance(keep, str):
             keep = (keep,)
@@ -112,7 +104,7 @@ class LaplaceZero:
                 raise InputTypeError(f"rho_grid must be a sequence of numbers in (0, 1), got {rho_grid!r}.") from None
             if not grid:
                 raise InputError("rho_grid must not be empty.")
-            self.rho_grid = tuple(sorted(set(_check_probability(r, "rho_grid") for r in grid)))
+            self.rho_grid = tuple(sorted(set(validation.probability(r, "rho_grid") for r in grid)))
 
     def resolve_rho(self, m):
         """The prior inclusion probability for ``m`` selectable terms (a float, or ``"auto"``).

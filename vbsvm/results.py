@@ -31,6 +31,7 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
+from . import validation
 from .distributions import InverseWishart
 from .exceptions import DiagnosticWarning, FitFileError, InputError
 from .summary import build_summary
@@ -148,10 +149,7 @@ class Fit:
         return self.design.n
 
     def _level(self, level):
-        level = self.settings.get("level", 0.95) if level is None else level
-        if not 0 < level < 1:
-            raise InputError(f"level must be in (0, 1), e.g. 0.95; got {level!r}.")
-        return level
+        return validation.level(self.settings.get("level", 0.95) if level is None else level)
 
     def _theta_draws(self):
         return self.posterior["theta_draws"].reshape(-1, self.layout.q)

@@ -17,10 +17,11 @@ linear predictor ``eta``. Nothing here is drawn from a real data set.
 
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 import pandas as pd
+
+from .. import validation
 
 __all__ = ["simulate_luts", "simulate_sparse", "simulate_grouped", "simulate_mcar", "Truth"]
 
@@ -49,15 +50,6 @@ class Truth(dict):
         return not self.__eq__(other)
 
     __hash__ = None  # mutable, like dict
-
-
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def _expit(eta: np.ndarray) -> np.ndarray:
@@ -116,9 +108,9 @@ def simulate_luts(n, d, seed=None, n_test=0):
     >>> train.shape, test.shape
     ((200, 6), (1000, 6))
     """
-    n = _check_int(n, "n", 1)
-    d = _check_int(d, "d", 1)
-    n_test = _check_int(n_test, "n_test", 0)
+    n = validation.integer(n, "n", 1)
+    d = validation.integer(d, "d", 1)
+    n_test = validation.integer(n_test, "n_test", 0)
     rng = np.random.default_rng(seed)
     beta = float(rng.standard_normal())
     u = rng.standard_normal(d)
@@ -180,9 +172,9 @@ def simulate_sparse(n, p, k, seed=None, *, effect=1.0, intercept=0.0, rho=0.0, s
     >>> df.attrs["truth"]["support"]
     ('x1', 'x2', 'x3')
     """
-    n = _check_int(n, "n", 1)
-    p = _check_int(p, "p", 1)
-    k = _check_int(k, "k", 0)
+    n = validation.integer(n, "n", 1)
+    p = validation.integer(p, "p", 1)
+    k = validation.integer(k, "k", 0)
     if k > p:
         raise ValueError(f"k must be <= p, got k={k} and p={p}")
     rho = float(rho)
@@ -272,8 +264,8 @@ def simulate_grouped(
     >>> df.shape
     (350, 4)
     """
-    n_groups = _check_int(n_groups, "n_groups", 1)
-    n_per_group = _check_int(n_per_group, "n_per_group", 1)
+    n_groups = validation.integer(n_groups, "n_groups", 1)
+    n_per_group = validation.integer(n_per_group, "n_per_group", 1)
     sd_group = float(sd_group)
     if not sd_group >= 0.0:
         raise ValueError(f"sd_group must be >= 0, got {sd_group}")
@@ -343,7 +335,7 @@ def simulate_mcar(n, seed=None, *, frac=0.3, intercept=0.3, coef=(1.0, -0.8, 0.5
     >>> int(incomplete["x1"].isna().sum()), int(full["x1"].isna().sum())
     (142, 0)
     """
-    n = _check_int(n, "n", 1)
+    n = validation.integer(n, "n", 1)
     frac = float(frac)
     if not 0.0 <= frac <= 1.0:
         raise ValueError(f"frac must be in [0, 1], got {frac}")

@@ -174,6 +174,7 @@ import numpy as np
 import pandas as pd
 from scipy.special import multigammaln
 
+from .. import validation
 from ..distributions import Gaussian, InverseWishart
 from ..exceptions import InputError, InputTypeError
 from . import hinge
@@ -1186,11 +1187,7 @@ def _hyperparameters(settings, d):
     sigma2_mu = settings.get("sigma2_mu", DEFAULT_SIGMA2_MU)
     Psi = settings.get("Psi", DEFAULT_PSI)
     nu = settings.get("nu", DEFAULT_NU)
-    for name, v in (("sigma2_mu", sigma2_mu), ("nu", nu)):
-        if isinstance(v, bool) or not isinstance(v, numbers.Real):
-            raise InputTypeError(f"{name} must be a positive number, got {v!r}.")
-        if not (np.isfinite(v) and v > 0):
-            raise InputError(f"{name} must be a positive finite number, got {v!r}.")
+    sigma2_mu, nu = validation.positive_float(sigma2_mu, "sigma2_mu"), validation.positive_float(nu, "nu")
     if isinstance(Psi, numbers.Real) and not isinstance(Psi, bool):
         if not (np.isfinite(Psi) and Psi > 0):
             raise InputError(f"Psi must be a positive number (Psi * I) or a {d} x {d} SPD matrix, got {Psi!r}.")
