@@ -56,9 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm  # noqa: E402
 from vbsvm.exceptions import DiagnosticWarning  # noqa: E402
-from vbsvm.models import missing as missing_module  # noqa: E402
+from vbsvm.inference import pooled as pooled_module  # noqa: E402
 
-DEFAULT_COMPLETIONS = missing_module.VB_COMPLETIONS
+DEFAULT_COMPLETIONS = pooled_module.VB_COMPLETIONS
 
 FORMULA = "y ~ x1 + x2 + x3"
 KINDS = ("conditional", "joint")
@@ -101,11 +101,11 @@ def one_replicate(seed, imputations, gibbs_kw):
             fits[engine, kind] = vbsvm.svm(FORMULA, data=inc, missing="impute", imputation=kind, **kw)
         fits[engine, "cc"] = vbsvm.svm(FORMULA, data=inc, **kw)
     # the single-q VB of the cut with expectations over q(D_mis) (not the default; see pooled_vb_cut)
-    missing_module.VB_COMPLETIONS = 0
+    pooled_module.VB_COMPLETIONS = 0
     try:
         fits["vb", "conditional-expected"] = vbsvm.svm(FORMULA, data=inc, missing="impute", method="meanfield")
     finally:
-        missing_module.VB_COMPLETIONS = DEFAULT_COMPLETIONS
+        pooled_module.VB_COMPLETIONS = DEFAULT_COMPLETIONS
     coef = {k: f.coef["mean"].to_numpy() for k, f in fits.items()}
 
     one = np.ones(len(full))

@@ -22,7 +22,8 @@ from vbsvm.design import build_design
 from vbsvm.exceptions import InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel, fixed_effect_precision, random_effect_terms
-from vbsvm.models.missing import CutImputedSVMModel, fit_imputed, imputation_spec
+from vbsvm.fitting import fit_imputed
+from vbsvm.models.missing import CutImputedSVMModel, imputation_spec
 from vbsvm.models.selection import LaplaceZeroModel
 from vbsvm.selection_fit import ImputedSelectionFit
 

@@ -27,7 +27,8 @@ from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from vbsvm.imputed_fit import ImputedFit
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
-from vbsvm.models.missing import CutImputedSVMModel, ImputedSVMModel, fit_imputed, imputation_columns
+from vbsvm.fitting import fit_imputed
+from vbsvm.models.missing import CutImputedSVMModel, ImputedSVMModel, imputation_columns
 
 
 # --------------------------------------------------------------------------- oracle

@@ -1,8 +1,8 @@
-"""Public entry points: :func:`svm` and :func:`load` (argument checking and dispatch)."""
+"""Public entry points: :func:`svm` and :func:`load` (argument checking; the fit itself is
+:func:`vbsvm.fitting.fit_design`)."""
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import numpy as np
@@ -10,25 +10,14 @@ import pandas as pd
 
 from . import validation
 from .design import build_design
-from .exceptions import ConvergenceWarning, DiagnosticWarning, InputError
-from .inference.ep import fit_calibrated
-from .inference.failures import numerical_failures
-from .inference.gibbs import run_chains
+from .exceptions import DiagnosticWarning, InputError
+from .fitting import fit_design
 from .inference.threads import limit_blas
-from .inference.vb import coordinate_ascent
-from .models.linear import LinearSVMModel, meanfield_posterior
-from .results import Fit, ThetaLayout, fit_probit_calibration, record_run_length
+from .results import Fit, fit_probit_calibration
 
 __all__ = ["svm", "load"]
 
 METHODS = ("vb", "meanfield", "gibbs", "map")
-
-#: what ``fit.info["approximation"]`` says of each variational fit
-APPROXIMATIONS = {
-    "calibrated": "calibrated: EP integrated over a grid of the variances (INLA-style)",
-    "meanfield": "mean-field VB (Luts & Ormerod Algorithms 1-4)",
-}
-
 
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=1000, chains=4, thin=1, seed=None, progress=True, n_jobs=1, max_draws=None,
@@ -159,21 +148,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     design = build_design(formula, data, standardize=standardize, missing=missing)
     _check_re_prior(design, settings, prior)
     warn_about_data(design, separability=settings["penalty"] is None)
-    if prior is not None:
-        from .models.selection import fit_laplace_zero
-        fit = fit_laplace_zero(design, settings, prior)
-    elif missing == "impute":
-        from .models.missing import fit_imputed
-        with numerical_failures("the imputation model"):
-            fit = fit_imputed(design, settings)
-    else:
-        fit = _fit_linear(design, settings)
-    if fit.method == "vb" and "approximation" not in fit.info:
-        fit.info["approximation"] = APPROXIMATIONS["meanfield"]
-        if settings["approximation"] == "calibrated":
-            fit.info["approximation_note"] = (
-                "the calibrated approximation does not cover LaplaceZero or missing='impute' yet: this "
-                "is the mean-field fit; check it against method='gibbs'")
+    fit = fit_design(design, settings, prior)
     # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
     # blocks of rows so that the prediction's copies of the design stay small
     step = max(1024, 2 ** 20 // max(design.p, 1))
@@ -306,109 +281,6 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
         "B_u": validation.positive_float(B_u, "B_u"), "level": level, "accelerate": bool(accelerate),
         "progress": bool(progress), "n_jobs": validation.integer(n_jobs, "n_jobs"),
     }
-
-
-def _fit_linear(design, settings) -> Fit:
-    """Fit the linear SVM (penalty inference / random intercepts) by the method in ``settings``."""
-    method = settings["method"]
-    model = LinearSVMModel.from_design(design, settings)
-    layout = ThetaLayout.from_model(model, design)
-    M = design.to_original(model.qd)
-    info = {"model": "Bayesian linear SVM" + _random_effects_label(design)}
-    with limit_blas(model.blas_work):  # the small products after the fit too
-        posterior = _posterior_on_original_scale(
-            model, settings, M, info,
-            lambda post: Fit(design=design, layout=layout, settings=settings, method=method, posterior=post))
-    fit = Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
-    if method == "gibbs":
-        fit._warn_diagnostics()
-    return fit
-
-
-def _random_effects_label(design) -> str:
-    if not design.groups:
-        return ""
-    return " with random intercepts" if all(g.is_intercept for g in design.groups) else " with random effects"
-
-
-def _posterior_on_original_scale(model, settings, M, info, make_fit):
-    """Run the method in ``settings`` and return the posterior on the original predictor scale.
-
-    ``make_fit(posterior)`` builds a fit from a posterior: Gibbs runs are extended until its
-    :meth:`~vbsvm.results.Fit.summary_diagnostics` meet the targets (or ``max_draws``)."""
-    method, seed = settings["method"], settings["seed"]
-    if method == "vb" and settings.get("approximation") == "calibrated" and not model.covariance_components:
-        with numerical_failures("expectation propagation"):
-            posterior = fit_calibrated(model, settings, M)
-        info.update(posterior.pop("info"), approximation=APPROXIMATIONS["calibrated"], converged=True)
-        return posterior
-    if method == "vb":
-        if settings.get("approximation") == "calibrated":
-            info["approximation_note"] = ("the calibrated approximation does not cover random slopes yet: "
-                                          "this is the mean-field fit; check it against method='gibbs'")
-        info["approximation"] = APPROXIMATIONS["meanfield"]
-        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
-                                accelerate=settings["accelerate"])
-        posterior = meanfield_posterior(res.q, res.elbo, M, model)
-        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
-    elif method == "gibbs":
-        def on_original_scale(draws):
-            theta = draws["theta"].copy()
-            theta[..., : model.qd] = theta[..., : model.qd] @ M.T
-            posterior = {"theta_draws": theta, "sigma2_draws": draws["sigma2"],
-                         "log_pseudo_likelihood": draws["log_pseudo_likelihood"]}
-            if model.covariance_components:
-                posterior["cov_draws"] = draws["cov"]
-            return posterior
-
-        res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
-                         thin=settings["thin"], seed=seed, progress=settings["progress"], n_jobs=settings["n_jobs"],
-                         record=("theta", "sigma2", "cov", "log_pseudo_likelihood"),
-                         checkpoint=settings.get("checkpoint"), max_draws=settings["max_draws"],
-                         monitor=lambda draws: make_fit(on_original_scale(draws)).summary_diagnostics())
-        if res.interrupted:  # the fit holds what was kept; say so where the shape is read
-            info["interrupted"] = True
-            settings.update(chains=res.chains, draws=res.n_draws)
-        posterior = on_original_scale(res.draws)
-        record_run_length(info, res)
-        info.update(seconds=res.seconds)
-    else:
-        with numerical_failures("EM for the posterior mode"):
-            theta, sigma2, covs, converged, n_iter, seconds = _posterior_mode(model, settings)
-        theta = theta.copy()
-        theta[: model.qd] = M @ theta[: model.qd]
-        posterior = {"theta_mode": theta, "sigma2_mode": sigma2}
-        if covs:
-            posterior["cov_mode"] = np.concatenate([S.ravel() for S in covs])
-        info.update(converged=converged, n_iter=n_iter, seconds=seconds)
-    return posterior
-
-
-def _posterior_mode(model: LinearSVMModel, settings):
-    """EM for the joint posterior mode (Polson & Scott 2011), polished to the exact SVM solution."""
-    start = time.perf_counter()
-    theta = np.zeros(model.q)
-    sigma2 = np.ones(len(model.variance_components))
-    covs = [np.eye(c.index.shape[1]) for c in model.covariance_components]
-    value = model.log_posterior(theta, sigma2, covs)
-    converged = False
-    max_iter = max(settings["max_iter"], 2000)
-    for it in range(1, max_iter + 1):
-        theta, sigma2, covs = model.map_step(theta, sigma2, covs)
-        new = model.log_posterior(theta, sigma2, covs)
-        if abs(new - value) <= 1e-12 * max(abs(new), 1.0):
-            converged = True
-            value = new
-            break
-        value = new
-    polished = model.polish_mode(theta)
-    if polished is not None and model.log_posterior(polished, sigma2) >= value - 1e-9 * max(abs(value), 1):
-        theta = polished
-        converged = True
-    if not converged:
-        warnings.warn(f"EM for the posterior mode did not converge in {max_iter} iterations.",
-                      ConvergenceWarning, stacklevel=3)
-    return theta, sigma2, covs, converged, it, time.perf_counter() - start
 
 
 def load(path):

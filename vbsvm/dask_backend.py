@@ -722,7 +722,8 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     -------
     DaskFit
     """
-    from .api import APPROXIMATIONS, _random_effects_label
+    from .fitting import random_effects_label
+    from .inference.dispatch import APPROXIMATIONS
     from .inference.failures import numerical_failures
     from .inference.vb import coordinate_ascent
     from .results import ThetaLayout
@@ -749,7 +750,7 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
         model = DaskLinearModel(blocks, design, settings)
         layout = ThetaLayout.from_model(model.skeleton, design)
         M = design.to_original(model.skeleton.qd)
-        info = {"model": "Bayesian linear SVM" + _random_effects_label(design),
+        info = {"model": "Bayesian linear SVM" + random_effects_label(design),
                 "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
                 "partitions": int(data.npartitions), "blocks": len(blocks), "persisted": bool(persist)}
         with numerical_failures("variational Bayes"):

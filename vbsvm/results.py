@@ -311,7 +311,7 @@ class Fit:
                 f"about draws={needed} per chain (and tune at least as long) would reach the targets — run "
                 "longer chains (or pass a larger max_draws) before trusting intervals.",
                 DiagnosticWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
 
     # ------------------------------------------------------------------ prediction
@@ -708,14 +708,6 @@ def is_summary_variable(name: str) -> bool:
     """True for the posterior variables the convergence targets are about: ``beta`` (fixed
     effects) and ``sigma2*`` (variance components, including those of random-slope terms)."""
     return name == "beta" or name.startswith("sigma2")
-
-
-def record_run_length(info, res):
-    """Put the run length of a Gibbs result ``res`` into a fit's ``info``: ``draws_requested``,
-    ``draws`` (kept per chain), ``max_draws`` (the cap of the extension), ``draws_extended`` and
-    ``extension_rounds`` (see :class:`vbsvm.inference.gibbs.GibbsResult`)."""
-    info.update(draws_requested=int(res.requested), draws=int(res.n_draws), max_draws=int(res.max_draws),
-                draws_extended=bool(res.extensions), extension_rounds=list(res.extensions))
 
 
 def diagnostics_table(post: xr.Dataset) -> pd.DataFrame:

@@ -7,7 +7,7 @@ Two imputation models (``vbsvm.svm(..., missing="impute", imputation=...)``):
   modelled given the observed ones and the label, cut from the SVM (Plummer 2015): the hinge
   does not feed back into the imputations. Gibbs draws the imputation block from its own
   posterior, then the SVM given the completed data; VB fits the imputation q first and pools
-  the SVM's mean-field fits of completions drawn from it (:func:`pooled_vb_cut`).
+  the SVM's mean-field fits of completions drawn from it (:func:`vbsvm.inference.pooled.pooled_vb_cut`).
 * ``"joint"``: the paper's model (Luts & Ormerod 2014, Section 3.3, Algorithm 4 and Appendix C),
   :class:`ImputedSVMModel`, described below. Its hinge pseudo-likelihood is not normalised in
   y, so an incomplete row gains by moving its imputation to its label's side, which inflates the
@@ -178,10 +178,9 @@ from .. import validation
 from ..distributions import Gaussian, InverseWishart
 from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import (CoefficientPosterior, LinearSVMModel, covariance_arrays, fixed_effect_precision,
-                     random_effect_terms)
+from .linear import CoefficientPosterior, LinearSVMModel
 
-__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "fit_imputed",
+__all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "hyperparameters",
            "imputation_columns", "imputation_spec", "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
 
 LOG_2PI = float(np.log(2.0 * np.pi))
@@ -191,8 +190,6 @@ LOG_2 = float(np.log(2.0))
 DEFAULT_SIGMA2_MU = 1e8
 DEFAULT_PSI = 0.01
 DEFAULT_NU = 3.0
-#: Completions pooled by the VB of the conditional (cut) model (:func:`pooled_vb_cut`).
-VB_COMPLETIONS = 20
 
 
 # --------------------------------------------------------------------------- small algebra
@@ -1183,7 +1180,9 @@ def imputation_spec(design) -> ImputationSpec:
     return ImputationSpec(nonlinear=nonlinear, probe=probe, **out)
 
 
-def _hyperparameters(settings, d):
+def hyperparameters(settings, d):
+    """``(sigma2_mu, Psi (d x d), nu)`` of the imputation model from ``settings`` (checked), with
+    the paper's defaults for those not given."""
     sigma2_mu = settings.get("sigma2_mu", DEFAULT_SIGMA2_MU)
     Psi = settings.get("Psi", DEFAULT_PSI)
     nu = settings.get("nu", DEFAULT_NU)
@@ -1207,340 +1206,3 @@ def _hyperparameters(settings, d):
         except np.linalg.LinAlgError:
             raise InputError("Psi must be positive definite.") from None
     return float(sigma2_mu), Psi_m, float(nu)
-
-
-# --------------------------------------------------------------------------- the fit
-def fit_imputed(design, settings, prior=None):
-    """Fit the Bayesian SVM with missing predictors imputed in the model.
-
-    Called by :func:`vbsvm.svm` with ``missing="impute"``.
-
-    Parameters
-    ----------
-    design : vbsvm.design.Design
-        Built with ``missing="impute"`` (NaN in the missing entries of ``design.X``).
-    settings : dict
-        Validated settings of :func:`vbsvm.svm`. Optional keys ``sigma2_mu``, ``Psi`` (number
-        or d x d matrix on the standardized scale) and ``nu`` override the paper defaults
-        1e8, 0.01 and 3.
-    prior : vbsvm.LaplaceZero, optional
-        Laplace-zero selection of the fixed effects (conditional imputation only): the SVM block
-        given each completed design is :class:`~vbsvm.models.selection.LaplaceZeroModel`; Gibbs
-        runs its Appendix B sweep after the imputation block, VB pools its Algorithm 3 fits over
-        completions drawn from the imputation q (:func:`pooled_vb_cut`).
-
-    Returns
-    -------
-    vbsvm.imputed_fit.ImputedFit
-        (:class:`vbsvm.selection_fit.ImputedSelectionFit` with ``prior``).
-    """
-    from ..api import _random_effects_label
-
-    method = settings["method"]
-    if method not in ("vb", "gibbs"):
-        raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
-                         "method='gibbs' (or missing='drop' for the posterior mode).")
-    imputation = settings.get("imputation", "conditional")
-    if imputation not in ("conditional", "joint"):
-        raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
-    cut = imputation == "conditional"
-    if prior is not None and not cut:
-        raise InputError("prior=LaplaceZero(...) with missing='impute' needs imputation='conditional' (the "
-                         "default); the joint model's hinge feedback into the imputations is not covered.")
-    spec = imputation_spec(design)
-    sigma2_mu, Psi, nu = _hyperparameters(settings, spec.d)
-    fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
-    if prior is not None:
-        from .selection import selection_setup
-
-        if method == "vb" and settings.get("vb_completions", VB_COMPLETIONS) < 1:
-            raise InputError("prior=LaplaceZero(...) with missing='impute' pools VB fits over completions; "
-                             "vb_completions must be >= 1.")
-        select, rho = selection_setup(design, settings, prior)
-        fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
-        fixed_precision[select] = np.nan
-    groups = random_effect_terms(design)
-    if not cut and (spec.columns < 0).any():
-        inter = [v for v in spec.variables if v is not None]
-        raise InputError(
-            f"imputation='joint' does not support predictors in interactions ({inter}): its hinge feeds back into "
-            "the imputations through row-specific coefficients, which the paper's model does not cover. Use "
-            "imputation='conditional' (the default), or remove the interaction terms of these predictors.")
-    completion = spec.completion(design, design.raw, design.X)
-    cls = CutImputedSVMModel if cut else ImputedSVMModel
-    model = cls(design.X, design.y, groups, fixed_precision, spec.columns, A=settings["A_u"],
-                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion,
-                re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
-    lin = model.linear
-    if prior is not None:
-        from .selection import LaplaceZeroModel, _vb_posterior
-
-        model.svm = LaplaceZeroModel(None, design.y, groups, select, rho, sigma2_beta=settings["sigma2_beta"],
-                                     A=settings["A_u"], B=settings["B_u"], base=lin)
-    from ..results import ThetaLayout
-
-    layout = ThetaLayout.from_model(lin, design)
-    M = design.to_original(lin.qd)
-    center, scale = spec.center, spec.scale
-    cc = model.cell_cols
-    names = list(spec.names)
-    info = {
-        "model": "Bayesian linear SVM with imputed missing predictors"
-                 + _random_effects_label(design).replace(" with", " and", 1),
-        "imputation": {
-            "model": imputation, "columns": names, "n_missing": [int(x) for x in model.mask.sum(axis=0)],
-            "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
-            "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
-        },
-    }
-    if prior is not None:
-        info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
-        info.update(n_selectable=int(select.sum()), rho=float(rho))
-    if method == "vb":
-        if cut and settings.get("vb_completions", VB_COMPLETIONS) > 0:
-            res = pooled_vb_cut(model, settings)
-        else:
-            res = coordinate_ascent_imputed(model, settings)
-        q = res.q
-        if "theta_cov_ds" not in q:
-            q["theta_cov_ds"] = q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0))
-        cov_d = M @ q["theta_cov_dense"] @ M.T
-        mean = q["theta_mean"].copy()
-        mean[: lin.qd] = M @ mean[: lin.qd]
-        var = q["theta_var"].copy()
-        var[: lin.qd] = np.diag(cov_d)
-        # missing cells: per-row blocks on the original scale
-        cell_var = np.empty(model.n_cells)
-        dmax = max((p.m for p in model.patterns), default=0)
-        rowcov = np.zeros((model.mrows.size, dmax, dmax))
-        for pat, blk in zip(model.patterns, q["blocks"]):
-            V, g = blk["V"], blk["g"]
-            cov = np.einsum("jk,ik,lk->ijl", V, g, V) * np.outer(scale[pat.miss], scale[pat.miss])
-            rowcov[pat.pos, : pat.m, : pat.m] = cov
-            cell_var[pat.cells] = np.einsum("ijj->ij", cov)
-        Sg = np.outer(scale, scale)
-        posterior = {
-            "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
-            "theta_cov_ds": M @ q["theta_cov_ds"],
-            "var_shape": np.atleast_1d(q["variances"].a) if lin.variance_components else np.zeros(0),
-            "var_scale": np.atleast_1d(q["variances"].b) if lin.variance_components else np.zeros(0),
-            "elbo": res.elbo,
-            "x_missing_mean": center[cc] + scale[cc] * q["cells_mean"],
-            "x_missing_sd": np.sqrt(cell_var),
-            "x_missing_rowcov": rowcov,
-            "mu_mean": center + scale * q["mu_mean"],
-            "mu_cov": q["mu_cov"] * Sg,
-            "Sigma_scale": q["Sigma"].scale * Sg,
-            "Sigma_df": np.float64(q["Sigma"].df),
-        }
-        if lin.covariance_components:
-            posterior.update(covariance_arrays(q["covariances"]))
-        if lin.m_sparse and lin.q_sparse > 1:  # each level's q x q block of the slope term
-            posterior["theta_cov_ss_blocks"] = (q["theta_cov_ss_blocks"] if "theta_cov_ss_blocks" in q
-                                                else q["theta"].sparse_block_cov())
-        if prior is not None:  # the effective coefficients u = gamma~ * theta and the Laplace-zero q
-            posterior.update(_vb_posterior(model.svm, res, M))
-        if cut:
-            posterior["class_means_mean"] = center + scale * q["class_means"]
-            posterior["class_means_cov"] = q["class_mean_covs"] * Sg
-            info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
-                                      vb_converged=bool(model.imputation_q["converged"]))
-        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
-    else:
-        from ..inference.gibbs import run_chains
-        from ..results import record_run_length
-
-        def on_original_scale(draws):
-            theta = draws["u" if prior is not None else "theta"].copy()
-            theta[..., : lin.qd] = theta[..., : lin.qd] @ M.T
-            posterior = {
-                "theta_draws": theta, "sigma2_draws": draws["sigma2"],
-                "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
-                "x_missing_draws": center[cc] + scale[cc] * draws["x_missing"],
-                "mu_draws": center + scale * draws["mu"],
-                "Sigma_draws": draws["Sigma"] * np.outer(scale, scale),
-            }
-            if cut:
-                posterior["gamma_draws"] = scale * draws["gamma"]
-            if lin.covariance_components:
-                posterior["cov_draws"] = draws["cov"]
-            if prior is not None:  # "gamma_draws" are the indicators of a selection fit
-                posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
-                                 gamma_draws=draws["incl"].astype(np.int8),
-                                 sel_index=model.svm.sel.astype(np.int64))
-            return posterior
-
-        res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
-                         thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
-                         n_jobs=settings["n_jobs"],
-                         record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood",
-                                 "x_missing", "mu", "Sigma")
-                         + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
-                         + (("incl",) if prior is not None else ()), max_draws=settings.get("max_draws"),
-                         monitor=lambda draws: _fit_class(prior)(
-                             design=design, layout=layout, method=method, posterior=on_original_scale(draws),
-                             settings=settings if prior is None else dict(settings, prior=prior.to_dict()),
-                             info=dict(info)).summary_diagnostics())
-        posterior = on_original_scale(res.draws)
-        record_run_length(info, res)
-        info.update(seconds=res.seconds)
-    if prior is not None:
-        posterior["sel_index"] = model.svm.sel.astype(np.int64)
-        settings = dict(settings, prior=prior.to_dict())
-    fit = _fit_class(prior)(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
-                            info=info)
-    fit.info["summary_notes"] = fit._imputation_notes()
-    if method == "gibbs":
-        fit._warn_diagnostics()
-    return fit
-
-
-def _fit_class(prior):
-    """The class of an imputed fit: :class:`~vbsvm.selection_fit.ImputedSelectionFit` with a
-    Laplace-zero ``prior``, else :class:`~vbsvm.imputed_fit.ImputedFit`."""
-    if prior is None:
-        from ..imputed_fit import ImputedFit
-
-        return ImputedFit
-    from ..selection_fit import ImputedSelectionFit
-
-    return ImputedSelectionFit
-
-
-def pooled_vb_cut(model, settings):
-    r"""VB of the cut model as a mixture over completions (the default VB of
-    ``imputation="conditional"``).
-
-    The cut posterior of the SVM is by definition a mixture over the imputation posterior,
-    :math:`p_{cut}(\theta) = \int p(\theta \mid y, D_{obs}, D_{mis})\, p(D_{mis} \mid D_{obs}, y)\, dD_{mis}`.
-    We fit the imputation model's q first (:meth:`CutImputedSVMModel.fit_imputation_vb`), draw
-    ``K = settings.get("vb_completions", 20)`` completions :math:`D^{(k)}_{mis} \sim q(D_{mis})`
-    (seeded by ``seed``), fit the linear SVM's mean-field q (Algorithm 2) to each completed data
-    set, and return the moment-matched Gaussian of the mixture
-    :math:`K^{-1}\sum_k q_k(\theta)` (mean: average of the means; covariance: average covariance
-    plus the covariance of the means, Rubin's rules), of the variances (an inverse gamma with
-    the mixture's mean and variance) and of each random-effect covariance (the inverse Wishart
-    with the completions' common degrees of freedom and their average scale, i.e. the mixture's
-    mean).
-
-    Why not a single q with expectations over q(D_mis)? That factor (``vb_completions=0``;
-    :meth:`CutImputedSVMModel.vb_sweep`) is the optimum of the mean-field KL to the cut target,
-    :math:`q(\theta) \propto \exp E_{q(D)} \log p(\theta \mid y, D)`: a *geometric* mean of the
-    completed-data posteriors whose augmented quadratic penalises the imputed columns'
-    coefficients by :math:`\sum_i w_i \beta_M^T\mathrm{Cov}(d_{i,M})\beta_M` (errors-in-variables
-    attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
-    data, where the pooled mixture is within 0.1 sd.
-
-    Returns
-    -------
-    vbsvm.inference.vb.VBResult
-        ``q`` holds the pooled ``theta_mean``, ``theta_var``, ``theta_cov_dense``,
-        ``theta_cov_ds``, ``variances`` and the imputation q; ``elbo`` (one value) the average of
-        the completions' final ELBOs (a Monte Carlo estimate of ``E_q(D_mis)`` of the completed-data
-        bound), each in ``info["completion_elbos"]``.
-    """
-    from ..distributions import InverseGamma
-    from ..inference.vb import VBResult, coordinate_ascent
-
-    K = int(settings.get("vb_completions", VB_COMPLETIONS))
-    lin, svm = model.linear, model.svm
-    selection = svm is not lin
-    model.vb_initial_state()  # fits the imputation q
-    iq = model.imputation_q
-    seed = settings.get("draw_seed", settings.get("seed"))
-    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
-    means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_scales = [], [], [], [], [], [], [], []
-    blocks, extra = [], {"gamma": [], "mu_b": [], "chi": []}
-    slope_blocks = lin.m_sparse and lin.q_sparse > 1
-    sweeps, converged, seconds = 0, True, 0.0
-    for _ in range(K):
-        model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
-        if selection:
-            svm.refresh_design()
-        res = coordinate_ascent(svm, tol=settings["tol"], max_iter=settings["max_iter"],
-                                accelerate=settings["accelerate"])
-        q = res.q
-        means.append(q["theta_mean"])
-        dcovs.append(q["theta"].cov_dense())
-        vars_.append(q["theta_var"])
-        ds.append(q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)))
-        if slope_blocks:
-            blocks.append(q["theta"].sparse_block_cov())
-        if selection:
-            for key in extra:
-                extra[key].append(np.asarray(q[key], dtype=float))
-        if lin.variance_components:
-            a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
-            s_mean.append(b / (a - 1.0))  # a = A + m/2 > 1 for every component with m >= 2
-            s_var.append(np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf))
-        cov_scales.append([qc.scale for qc in q["covariances"]])
-        elbos.append(res.elbo[-1])
-        sweeps += res.n_sweeps
-        converged &= res.converged
-        seconds += res.seconds
-    model.set_cells(iq["cells"])
-    means = np.array(means)
-    mean = means.mean(axis=0)
-    dev = means - mean
-    bdiv = max(K - 1, 1)
-    pooled = {
-        "theta_mean": mean,
-        "theta_cov_dense": np.mean(dcovs, axis=0) + dev[:, :lin.qd].T @ dev[:, :lin.qd] / bdiv,
-        "theta_var": np.mean(vars_, axis=0) + (dev ** 2).sum(axis=0) / bdiv,
-        "theta_cov_ds": np.mean(ds, axis=0) + dev[:, :lin.qd].T @ dev[:, lin.qd:] / bdiv,
-    }
-    if slope_blocks:
-        ds_dev = dev[:, lin.qd:].reshape(K, lin.m_sparse, lin.q_sparse)
-        pooled["theta_cov_ss_blocks"] = np.mean(blocks, axis=0) + np.einsum("kli,klj->lij", ds_dev, ds_dev) / bdiv
-    if selection:  # the Laplace-zero q: inclusion probabilities and q(b), chi averaged over completions
-        pooled.update({key: np.mean(v, axis=0) for key, v in extra.items()})
-        g = np.clip(pooled["gamma"], 1e-300, 1.0 - 1e-16)
-        pooled["eta"] = np.log(g) - np.log1p(-g)
-        pooled["theta"] = PooledGaussian(pooled, lin.qd)
-    if lin.variance_components:
-        m = np.mean(s_mean, axis=0)
-        v = np.mean(s_var, axis=0) + np.var(s_mean, axis=0)
-        a = m ** 2 / v + 2.0
-        pooled["variances"] = InverseGamma(a, m * (a - 1.0))
-    else:
-        pooled["variances"] = None
-    # every completion's q(Sigma_k) has df = df_k + m_k: the average scale gives the mixture's mean
-    pooled["covariances"] = [InverseWishart(np.mean(S, axis=0), c.df + len(c.index))
-                             for c, S in zip(lin.covariance_components, zip(*cov_scales))]
-    cm, cc = iq["means"], iq["mean_covs"]
-    pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
-                  class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
-    return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
-                    n_sweeps=sweeps, seconds=seconds,
-                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
-
-
-class PooledGaussian:
-    """The moment-matched Gaussian of :func:`pooled_vb_cut` in the interface of
-    :class:`~vbsvm.models.linear.CoefficientPosterior` that the fits read (``mean``,
-    ``diag_cov``, ``cov_dense``, ``cov_dense_sparse``, ``sparse_block_cov``)."""
-
-    def __init__(self, pooled, qd):
-        self.mean = pooled["theta_mean"]
-        self.mean_dense, self.mean_sparse = self.mean[:qd], self.mean[qd:]
-        self._p = pooled
-
-    def diag_cov(self):
-        return self._p["theta_var"]
-
-    def cov_dense(self):
-        return self._p["theta_cov_dense"]
-
-    def cov_dense_sparse(self):
-        return self._p["theta_cov_ds"]
-
-    def sparse_block_cov(self):
-        return self._p["theta_cov_ss_blocks"]
-
-
-def coordinate_ascent_imputed(model, settings):
-    """Run :func:`vbsvm.inference.vb.coordinate_ascent` on an :class:`ImputedSVMModel`."""
-    from ..inference.vb import coordinate_ascent
-
-    return coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
-                             accelerate=settings["accelerate"])

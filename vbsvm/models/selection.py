@@ -133,7 +133,7 @@ The imputation block :math:`(D_{mis}, m, \Sigma)` is cut from the hinge, so the 
 Gibbs: the imputation block's full conditionals (:class:`~vbsvm.models.missing.CutImputedSVMModel`),
 :math:`1/a \mid u, D` for the new completion, then the sweep above given the completed design.
 VB: the imputation q first, then this section's Algorithm 3 on completions drawn from it, pooled
-by :func:`~vbsvm.models.missing.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
+by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
 :math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
 
 Mixing of the Gibbs sampler. Single-site updates of the indicators mix slowly when predictors are
@@ -148,7 +148,6 @@ from __future__ import annotations
 import copy
 import difflib
 import math
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,14 +156,11 @@ from scipy.linalg.lapack import dtrtri
 from scipy.special import expit, log_expit
 
 from ..distributions import InverseGamma, InverseGaussian
-from ..exceptions import ConvergenceWarning, InputError, InputTypeError
-from ..inference.gibbs import run_chains
-from ..inference.vb import coordinate_ascent
+from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import (CoefficientPosterior, LinearSVMModel, WorkingGram, _spd_inverse, covariance_arrays,
-                     random_effect_terms)
+from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram, _spd_inverse
 
-__all__ = ["LaplaceZeroModel", "SelectionPosterior", "fit_laplace_zero"]
+__all__ = ["LaplaceZeroModel", "SelectionPosterior", "selection_setup", "selectable_columns"]
 
 LOG_2PI = math.log(2.0 * math.pi)
 LOG_2 = math.log(2.0)
@@ -741,101 +737,6 @@ class LaplaceZeroModel:
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
 
-# ---------------------------------------------------------------------------------------------
-# fitting (called by vbsvm.svm when prior is given)
-# ---------------------------------------------------------------------------------------------
-def fit_laplace_zero(design, settings, prior):
-    """Fit the Laplace-zero selection model (``vbsvm.svm(..., prior=LaplaceZero(...))``).
-
-    Parameters
-    ----------
-    design : vbsvm.design.Design
-    settings : dict
-        Validated keyword arguments of :func:`vbsvm.svm`.
-    prior : vbsvm.LaplaceZero
-
-    Returns
-    -------
-    vbsvm.selection_fit.SelectionFit
-        (:class:`~vbsvm.selection_fit.ImputedSelectionFit` with ``missing="impute"``, fitted by
-        :func:`vbsvm.models.missing.fit_imputed`).
-
-    Raises
-    ------
-    vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
-        As :func:`selection_setup`.
-    """
-    from ..results import ThetaLayout, record_run_length
-    from ..selection_fit import SelectionFit
-
-    if settings.get("missing") == "impute":
-        from .missing import fit_imputed
-
-        return fit_imputed(design, settings, prior=prior)
-    method = settings["method"]
-    select, rho = selection_setup(design, settings, prior)
-    m = int(select.sum())
-    model = LaplaceZeroModel(design.X, design.y, random_effect_terms(design), select,
-                             rho if rho != "auto" else prior.rho_grid[0], sigma2_beta=settings["sigma2_beta"],
-                             A=settings["A_u"], B=settings["B_u"], re_df=settings.get("re_df"),
-                             re_scale=settings.get("re_scale"),
-                             intercept=design.column_names.index("Intercept") if design.has_intercept else None)
-    base = model.base
-    layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
-    M = design.to_original(base.qd)
-    from ..api import _random_effects_label
-
-    info = {"model": "Bayesian linear SVM with Laplace-zero selection"
-                     + _random_effects_label(design).replace(" with", " and", 1),
-            "n_selectable": m,
-            "summary_notes": ["Selectable terms: the coefficient is u = gamma * v (exactly 0 when the term is "
-                              "out); VB intervals of selectable terms are exact quantiles of q's spike-and-slab "
-                              "mixture."]}
-    vb_kwargs = dict(tol=settings["tol"], max_iter=settings["max_iter"], accelerate=settings["accelerate"])
-    res = None
-    if rho == "auto":
-        rho, res, curve = _choose_rho(model, prior.rho_grid, vb_kwargs)
-        info["rho_grid"] = [float(r) for r in prior.rho_grid]
-        info["rho_elbo"] = [float(e) for e in curve]
-        info["rho_selection"] = "ELBO of the VB fit on the grid rho_grid"
-    model.set_rho(rho)
-    info["rho"] = float(rho)
-    if method == "vb":
-        if res is None:
-            res = coordinate_ascent(model, **vb_kwargs)
-        posterior = _vb_posterior(model, res, M)
-        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
-    else:
-        def on_original_scale(draws):
-            u = draws["u"].copy()
-            u[..., : base.qd] = u[..., : base.qd] @ M.T
-            posterior = {"theta_draws": u, "sigma2_draws": draws["sigma2"],
-                         "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
-                         "gamma_draws": draws["gamma"].astype(np.int8), "sel_index": model.sel.astype(np.int64)}
-            if base.covariance_components:
-                posterior["cov_draws"] = draws["cov"]
-            return posterior
-
-        fit_settings = dict(settings, prior=prior.to_dict())
-        gres = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
-                          thin=settings["thin"], seed=settings["seed"], progress=settings["progress"],
-                          n_jobs=settings["n_jobs"], record=("u", "gamma", "sigma2", "log_pseudo_likelihood")
-                          + (("cov",) if base.covariance_components else ()), max_draws=settings.get("max_draws"),
-                          monitor=lambda draws: SelectionFit(
-                              design=design, layout=layout, settings=fit_settings, method=method,
-                              posterior=on_original_scale(draws), info=dict(info)).summary_diagnostics())
-        posterior = on_original_scale(gres.draws)
-        record_run_length(info, gres)
-        info.update(seconds=gres.seconds)
-    posterior["sel_index"] = model.sel.astype(np.int64)
-    settings = dict(settings, prior=prior.to_dict())
-    fit = SelectionFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
-                       info=info)
-    if method == "gibbs":
-        fit._warn_diagnostics()
-    return fit
-
-
 def selection_setup(design, settings, prior):
     """Check a Laplace-zero fit's arguments; returns the selectable columns and ``rho`` (a number,
     or ``"auto"``).
@@ -914,65 +815,3 @@ def selectable_columns(design, keep) -> np.ndarray:
                 + (f"; did you mean {hint[0]!r}?" if hint else f"; the columns are {names[:20]}.")
             )
     return select
-
-
-def _choose_rho(model, grid, vb_kwargs):
-    """Fit VB for every rho on the grid (same start) and keep the one with the largest ELBO."""
-    curve, best = [], None
-    failed = []
-    for r in grid:
-        model.set_rho(r)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            res = coordinate_ascent(model, **vb_kwargs)
-        if not res.converged:
-            failed.append(r)
-        curve.append(res.elbo[-1])
-        if best is None or res.elbo[-1] > best[1].elbo[-1]:
-            best = (r, res)
-    if failed:
-        warnings.warn(
-            f"rho='auto': VB did not converge for rho in {failed}; their ELBO values are the last "
-            "iterate's (increase max_iter or loosen tol).",
-            ConvergenceWarning,
-            stacklevel=4,
-        )
-    return best[0], best[1], curve
-
-
-def _vb_posterior(model, res, M):
-    """Arrays stored by a VB SelectionFit: q's parameters and the moments of the effective
-    coefficients u = gamma~ * theta on the original scale (what the Fit base class reads)."""
-    q = res.q
-    post = q["theta"]
-    qd = model.qd
-    mu = post.mean
-    var = post.diag_cov()
-    Sdd = post.cov_dense()
-    Sds = post.cov_dense_sparse() if model.base.m_sparse else np.zeros((qd, 0))
-    g = q["gamma"]
-    s = model.scaling(g)
-    # effective coefficients: E[u] = s * mu; Cov(u_d) = (s s^T) * Sigma + diag(s (1 - s) Omega_kk)
-    mean_eff = mu.copy()
-    mean_eff[:qd] = s * mu[:qd]
-    cov_eff = Sdd * np.outer(s, s)
-    cov_eff[np.diag_indices(qd)] += s * (1.0 - s) * (var[:qd] + mu[:qd] ** 2)
-    cov_ds = s[:, None] * Sds
-    mean_o = mean_eff.copy()
-    mean_o[:qd] = M @ mean_eff[:qd]
-    cov_o = M @ cov_eff @ M.T
-    var_o = var.copy()
-    var_o[:qd] = np.diag(cov_o)
-    qv = q["variances"]
-    out = {
-        "theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
-        "var_shape": np.atleast_1d(qv.a).astype(float), "var_scale": np.atleast_1d(qv.b).astype(float),
-        "elbo": res.elbo,
-        "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds,
-        "q_gamma": g, "q_eta": q["eta"], "q_b": np.asarray(q["mu_b"], float), "q_chi": q["chi"],
-    }
-    if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
-        out["theta_cov_ss_blocks"] = post.sparse_block_cov()
-    if model.covs:
-        out.update(covariance_arrays(q["covariances"]))
-    return out

@@ -1,0 +1,416 @@
+"""From a design to a fitted model: build the model the formula, ``prior`` and ``missing`` name,
+run it through the one dispatch (:func:`vbsvm.inference.dispatch.fit`) and wrap the posterior
+arrays in its result class.
+
+======================================  =====================================  ===========================
+model                                   built from                             result
+======================================  =====================================  ===========================
+linear SVM (penalty, random effects)    :class:`~vbsvm.models.linear.LinearSVMModel`     :class:`~vbsvm.results.Fit`
+Laplace-zero selection                  :class:`~vbsvm.models.selection.LaplaceZeroModel` :class:`~vbsvm.selection_fit.SelectionFit`
+missing predictors imputed              :class:`~vbsvm.models.missing.CutImputedSVMModel` :class:`~vbsvm.imputed_fit.ImputedFit`
+                                        (or the paper's joint model)
+Laplace-zero + imputation               both                                   :class:`~vbsvm.selection_fit.ImputedSelectionFit`
+======================================  =====================================  ===========================
+
+Random effects (intercepts and slopes) are blocks of every model. Each builder says how its
+posterior is read out of each engine's result (a :class:`~vbsvm.inference.dispatch.Readout`:
+draws, the VB q or the mode, mapped to the original predictor scale), and which engine a
+method uses where the model has its own (the Laplace-zero ELBO grid over ``rho``, the
+imputation model's pooled completions).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from .exceptions import ConvergenceWarning, InputError
+from .inference import dispatch
+from .inference import pooled
+from .inference.dispatch import Readout
+from .inference.ep import fit_calibrated
+from .inference.failures import numerical_failures
+from .inference.threads import limit_blas
+from .models.linear import LinearSVMModel, covariance_arrays, fixed_effect_precision, meanfield_posterior, \
+    random_effect_terms
+from .models.missing import CutImputedSVMModel, ImputedSVMModel, hyperparameters, imputation_spec
+from .models.selection import LaplaceZeroModel, selection_setup
+from .results import Fit, ThetaLayout
+
+__all__ = ["fit_design", "fit_linear", "fit_laplace_zero", "fit_imputed", "random_effects_label"]
+
+
+def fit_design(design, settings, prior=None):
+    """Fit the model of ``design`` (:func:`vbsvm.svm` after checking its arguments).
+
+    Parameters
+    ----------
+    design : vbsvm.design.Design
+    settings : dict
+        The checked settings of :func:`vbsvm.svm`.
+    prior : vbsvm.LaplaceZero, optional
+
+    Returns
+    -------
+    vbsvm.results.Fit
+        Or the subclass of the model (see the module docstring).
+    """
+    if settings.get("missing") == "impute":
+        with numerical_failures("the imputation model"):
+            fit = fit_imputed(design, settings, prior)
+    elif prior is not None:
+        fit = fit_laplace_zero(design, settings, prior)
+    else:
+        fit = fit_linear(design, settings)
+    if fit.method == "gibbs":
+        fit._warn_diagnostics()
+    return fit
+
+
+def random_effects_label(design) -> str:
+    """`` with random intercepts`` / `` with random effects`` / ``""``, for the model's name."""
+    if not design.groups:
+        return ""
+    return " with random intercepts" if all(g.is_intercept for g in design.groups) else " with random effects"
+
+
+def _to_original(theta, model, M):
+    """Draws or a point of theta with the fixed (dense) block mapped to the original scale by ``M``."""
+    theta = np.array(theta, dtype=float, copy=True)
+    theta[..., : model.qd] = theta[..., : model.qd] @ M.T
+    return theta
+
+
+# --------------------------------------------------------------------------- the linear SVM
+def fit_linear(design, settings) -> Fit:
+    """The linear SVM: penalty inferred, fixed or none; random intercepts and slopes."""
+    method = settings["method"]
+    model = LinearSVMModel.from_design(design, settings)
+    layout = ThetaLayout.from_model(model, design)
+    M = design.to_original(model.qd)
+    info = {"model": "Bayesian linear SVM" + random_effects_label(design)}
+    covariances = bool(model.covariance_components)
+
+    def from_draws(draws):
+        posterior = {"theta_draws": _to_original(draws["theta"], model, M), "sigma2_draws": draws["sigma2"],
+                     "log_pseudo_likelihood": draws["log_pseudo_likelihood"]}
+        if covariances:
+            posterior["cov_draws"] = draws["cov"]
+        return posterior
+
+    def from_mode(res):
+        posterior = {"theta_mode": _to_original(res.theta, model, M), "sigma2_mode": res.sigma2}
+        if res.covs:
+            posterior["cov_mode"] = np.concatenate([S.ravel() for S in res.covs])
+        return posterior
+
+    readout = Readout(
+        record=("theta", "sigma2", "cov", "log_pseudo_likelihood"), from_draws=from_draws,
+        from_vb=lambda res: meanfield_posterior(res.q, res.elbo, M, model), from_mode=from_mode,
+        calibrated=None if covariances else (lambda model: fit_calibrated(model, settings, M)),
+        not_calibrated="random slopes",
+        monitor=lambda post: Fit(design=design, layout=layout, settings=settings, method=method,
+                                 posterior=post).summary_diagnostics())
+    with limit_blas(model.blas_work):  # the small products after the fit too
+        posterior, run = dispatch.fit(model, settings, readout)
+    info.update(run)
+    return Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+# --------------------------------------------------------------------------- Laplace-zero selection
+def fit_laplace_zero(design, settings, prior):
+    """The Laplace-zero selection model (``vbsvm.svm(..., prior=LaplaceZero(...))``), with random
+    effects if the formula has them.
+
+    Returns
+    -------
+    vbsvm.selection_fit.SelectionFit
+
+    Raises
+    ------
+    vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
+        As :func:`~vbsvm.models.selection.selection_setup`.
+    """
+    from .selection_fit import SelectionFit
+
+    method = settings["method"]
+    select, rho = selection_setup(design, settings, prior)
+    model = LaplaceZeroModel(design.X, design.y, random_effect_terms(design), select,
+                             rho if rho != "auto" else prior.rho_grid[0], sigma2_beta=settings["sigma2_beta"],
+                             A=settings["A_u"], B=settings["B_u"], re_df=settings.get("re_df"),
+                             re_scale=settings.get("re_scale"),
+                             intercept=design.column_names.index("Intercept") if design.has_intercept else None)
+    base = model.base
+    layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
+    M = design.to_original(base.qd)
+    settings = dict(settings, prior=prior.to_dict())
+    info = {"model": "Bayesian linear SVM with Laplace-zero selection"
+                     + random_effects_label(design).replace(" with", " and", 1),
+            "n_selectable": int(select.sum()),
+            "summary_notes": ["Selectable terms: the coefficient is u = gamma * v (exactly 0 when the term is "
+                              "out); VB intervals of selectable terms are exact quantiles of q's spike-and-slab "
+                              "mixture."]}
+    vb_engine = None
+    if rho == "auto":
+        rho, res, curve = _choose_rho(model, prior.rho_grid, settings)
+        info.update(rho_grid=[float(r) for r in prior.rho_grid], rho_elbo=[float(e) for e in curve],
+                    rho_selection="ELBO of the VB fit on the grid rho_grid")
+        vb_engine = lambda model, settings: res  # noqa: E731 - the grid's fit at the chosen rho
+    model.set_rho(rho)
+    info["rho"] = float(rho)
+    sel_index = model.sel.astype(np.int64)
+
+    def from_draws(draws):
+        posterior = {"theta_draws": _to_original(draws["u"], base, M), "sigma2_draws": draws["sigma2"],
+                     "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
+                     "gamma_draws": draws["gamma"].astype(np.int8), "sel_index": sel_index}
+        if base.covariance_components:
+            posterior["cov_draws"] = draws["cov"]
+        return posterior
+
+    readout = Readout(
+        record=("u", "gamma", "sigma2", "log_pseudo_likelihood") + (("cov",) if base.covariance_components else ()),
+        from_draws=from_draws, from_vb=lambda res: dict(laplace_zero_arrays(model, res, M), sel_index=sel_index),
+        not_calibrated="LaplaceZero", vb_engine=vb_engine,
+        monitor=lambda post: SelectionFit(design=design, layout=layout, settings=settings, method=method,
+                                          posterior=post, info=dict(info)).summary_diagnostics())
+    posterior, run = dispatch.fit(model, settings, readout)
+    info.update(run)
+    return SelectionFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
+                        info=info)
+
+
+def _choose_rho(model, grid, settings):
+    """Fit VB for every rho on the grid (same start) and keep the one with the largest ELBO."""
+    curve, best = [], None
+    failed = []
+    for r in grid:
+        model.set_rho(r)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            res = dispatch.meanfield(model, settings)
+        if not res.converged:
+            failed.append(r)
+        curve.append(res.elbo[-1])
+        if best is None or res.elbo[-1] > best[1].elbo[-1]:
+            best = (r, res)
+    if failed:
+        warnings.warn(
+            f"rho='auto': VB did not converge for rho in {failed}; their ELBO values are the last "
+            "iterate's (increase max_iter or loosen tol).",
+            ConvergenceWarning,
+            stacklevel=5,
+        )
+    return best[0], best[1], curve
+
+
+def laplace_zero_arrays(model, res, M):
+    """Arrays stored by a VB SelectionFit: q's parameters and the moments of the effective
+    coefficients u = gamma~ * theta on the original scale (what the Fit base class reads)."""
+    q = res.q
+    post = q["theta"]
+    qd = model.qd
+    mu = post.mean
+    var = post.diag_cov()
+    Sdd = post.cov_dense()
+    Sds = post.cov_dense_sparse() if model.base.m_sparse else np.zeros((qd, 0))
+    g = q["gamma"]
+    s = model.scaling(g)
+    # effective coefficients: E[u] = s * mu; Cov(u_d) = (s s^T) * Sigma + diag(s (1 - s) Omega_kk)
+    mean_eff = mu.copy()
+    mean_eff[:qd] = s * mu[:qd]
+    cov_eff = Sdd * np.outer(s, s)
+    cov_eff[np.diag_indices(qd)] += s * (1.0 - s) * (var[:qd] + mu[:qd] ** 2)
+    cov_ds = s[:, None] * Sds
+    mean_o = mean_eff.copy()
+    mean_o[:qd] = M @ mean_eff[:qd]
+    cov_o = M @ cov_eff @ M.T
+    var_o = var.copy()
+    var_o[:qd] = np.diag(cov_o)
+    qv = q["variances"]
+    out = {
+        "theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
+        "var_shape": np.atleast_1d(qv.a).astype(float), "var_scale": np.atleast_1d(qv.b).astype(float),
+        "elbo": res.elbo,
+        "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds,
+        "q_gamma": g, "q_eta": q["eta"], "q_b": np.asarray(q["mu_b"], float), "q_chi": q["chi"],
+    }
+    if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
+        out["theta_cov_ss_blocks"] = post.sparse_block_cov()
+    if model.covs:
+        out.update(covariance_arrays(q["covariances"]))
+    return out
+
+
+# --------------------------------------------------------------------------- missing predictors imputed
+def fit_imputed(design, settings, prior=None):
+    """The Bayesian SVM with missing predictors imputed in the model (``missing="impute"``).
+
+    Parameters
+    ----------
+    design : vbsvm.design.Design
+        Built with ``missing="impute"`` (NaN in the missing entries of ``design.X``).
+    settings : dict
+        Validated settings of :func:`vbsvm.svm`. Optional keys ``sigma2_mu``, ``Psi`` (number
+        or d x d matrix on the standardized scale) and ``nu`` override the paper defaults
+        1e8, 0.01 and 3; ``vb_completions`` the number of completions VB pools (default
+        :data:`vbsvm.inference.pooled.VB_COMPLETIONS`; 0: one q with expectations over the
+        imputations).
+    prior : vbsvm.LaplaceZero, optional
+        Laplace-zero selection of the fixed effects (conditional imputation only): the SVM block
+        given each completed design is :class:`~vbsvm.models.selection.LaplaceZeroModel`; Gibbs
+        runs its sweep after the imputation block, VB pools its fits over completions drawn from
+        the imputation q (:func:`~vbsvm.inference.pooled.pooled_vb_cut`).
+
+    Returns
+    -------
+    vbsvm.imputed_fit.ImputedFit
+        (:class:`vbsvm.selection_fit.ImputedSelectionFit` with ``prior``).
+    """
+    method = settings["method"]
+    if method not in ("vb", "gibbs"):
+        raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
+                         "method='gibbs' (or missing='drop' for the posterior mode).")
+    imputation = settings.get("imputation", "conditional")
+    if imputation not in ("conditional", "joint"):
+        raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
+    cut = imputation == "conditional"
+    if prior is not None and not cut:
+        raise InputError("prior=LaplaceZero(...) with missing='impute' needs imputation='conditional' (the "
+                         "default); the joint model's hinge feedback into the imputations is not covered.")
+    completions = settings.get("vb_completions", pooled.VB_COMPLETIONS)
+    spec = imputation_spec(design)
+    sigma2_mu, Psi, nu = hyperparameters(settings, spec.d)
+    fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
+    if prior is not None:
+        if method == "vb" and completions < 1:
+            raise InputError("prior=LaplaceZero(...) with missing='impute' pools VB fits over completions; "
+                             "vb_completions must be >= 1.")
+        select, rho = selection_setup(design, settings, prior)
+        fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
+        fixed_precision[select] = np.nan
+        settings = dict(settings, prior=prior.to_dict())
+    groups = random_effect_terms(design)
+    if not cut and (spec.columns < 0).any():
+        inter = [v for v in spec.variables if v is not None]
+        raise InputError(
+            f"imputation='joint' does not support predictors in interactions ({inter}): its hinge feeds back into "
+            "the imputations through row-specific coefficients, which the paper's model does not cover. Use "
+            "imputation='conditional' (the default), or remove the interaction terms of these predictors.")
+    completion = spec.completion(design, design.raw, design.X)
+    cls = CutImputedSVMModel if cut else ImputedSVMModel
+    model = cls(design.X, design.y, groups, fixed_precision, spec.columns, A=settings["A_u"],
+                B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion,
+                re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
+    lin = model.linear
+    if prior is not None:
+        model.svm = LaplaceZeroModel(None, design.y, groups, select, rho, sigma2_beta=settings["sigma2_beta"],
+                                     A=settings["A_u"], B=settings["B_u"], base=lin)
+    layout = ThetaLayout.from_model(lin, design)
+    M = design.to_original(lin.qd)
+    center, scale = spec.center, spec.scale
+    cc = model.cell_cols
+    info = {
+        "model": "Bayesian linear SVM with imputed missing predictors"
+                 + random_effects_label(design).replace(" with", " and", 1),
+        "imputation": {
+            "model": imputation, "columns": list(spec.names), "n_missing": [int(x) for x in model.mask.sum(axis=0)],
+            "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
+            "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
+        },
+    }
+    if prior is not None:
+        info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
+        info.update(n_selectable=int(select.sum()), rho=float(rho))
+    fit_class = _imputed_fit_class(prior)
+
+    def from_vb(res):
+        q = res.q
+        if "theta_cov_ds" not in q:
+            q["theta_cov_ds"] = q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0))
+        cov_d = M @ q["theta_cov_dense"] @ M.T
+        mean = _to_original(q["theta_mean"], lin, M)
+        var = q["theta_var"].copy()
+        var[: lin.qd] = np.diag(cov_d)
+        # missing cells: per-row blocks on the original scale
+        cell_var = np.empty(model.n_cells)
+        dmax = max((p.m for p in model.patterns), default=0)
+        rowcov = np.zeros((model.mrows.size, dmax, dmax))
+        for pat, blk in zip(model.patterns, q["blocks"]):
+            V, g = blk["V"], blk["g"]
+            cov = np.einsum("jk,ik,lk->ijl", V, g, V) * np.outer(scale[pat.miss], scale[pat.miss])
+            rowcov[pat.pos, : pat.m, : pat.m] = cov
+            cell_var[pat.cells] = np.einsum("ijj->ij", cov)
+        Sg = np.outer(scale, scale)
+        posterior = {
+            "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
+            "theta_cov_ds": M @ q["theta_cov_ds"],
+            "var_shape": np.atleast_1d(q["variances"].a) if lin.variance_components else np.zeros(0),
+            "var_scale": np.atleast_1d(q["variances"].b) if lin.variance_components else np.zeros(0),
+            "elbo": res.elbo,
+            "x_missing_mean": center[cc] + scale[cc] * q["cells_mean"],
+            "x_missing_sd": np.sqrt(cell_var),
+            "x_missing_rowcov": rowcov,
+            "mu_mean": center + scale * q["mu_mean"],
+            "mu_cov": q["mu_cov"] * Sg,
+            "Sigma_scale": q["Sigma"].scale * Sg,
+            "Sigma_df": np.float64(q["Sigma"].df),
+        }
+        if lin.covariance_components:
+            posterior.update(covariance_arrays(q["covariances"]))
+        if lin.m_sparse and lin.q_sparse > 1:  # each level's q x q block of the slope term
+            posterior["theta_cov_ss_blocks"] = (q["theta_cov_ss_blocks"] if "theta_cov_ss_blocks" in q
+                                                else q["theta"].sparse_block_cov())
+        if prior is not None:  # the effective coefficients u = gamma~ * theta and the Laplace-zero q
+            posterior.update(laplace_zero_arrays(model.svm, res, M), sel_index=model.svm.sel.astype(np.int64))
+        if cut:
+            posterior["class_means_mean"] = center + scale * q["class_means"]
+            posterior["class_means_cov"] = q["class_mean_covs"] * Sg
+        return posterior
+
+    def from_draws(draws):
+        posterior = {
+            "theta_draws": _to_original(draws["u" if prior is not None else "theta"], lin, M),
+            "sigma2_draws": draws["sigma2"], "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
+            "x_missing_draws": center[cc] + scale[cc] * draws["x_missing"],
+            "mu_draws": center + scale * draws["mu"],
+            "Sigma_draws": draws["Sigma"] * np.outer(scale, scale),
+        }
+        if cut:
+            posterior["gamma_draws"] = scale * draws["gamma"]
+        if lin.covariance_components:
+            posterior["cov_draws"] = draws["cov"]
+        if prior is not None:  # "gamma_draws" are the indicators of a selection fit
+            posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
+                             gamma_draws=draws["incl"].astype(np.int8), sel_index=model.svm.sel.astype(np.int64))
+        return posterior
+
+    readout = Readout(
+        record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
+        + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
+        + (("incl",) if prior is not None else ()),
+        from_draws=from_draws, from_vb=from_vb, not_calibrated="missing='impute'",
+        vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
+        monitor=lambda post: fit_class(design=design, layout=layout, method=method, posterior=post,
+                                       settings=settings, info=dict(info)).summary_diagnostics())
+    posterior, run = dispatch.fit(model, settings, readout)
+    info.update(run)
+    if method == "vb" and cut:
+        info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
+                                  vb_converged=bool(model.imputation_q["converged"]))
+    fit = fit_class(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    fit.info["summary_notes"] = fit._imputation_notes()
+    return fit
+
+
+def _imputed_fit_class(prior):
+    """:class:`~vbsvm.selection_fit.ImputedSelectionFit` with a Laplace-zero ``prior``, else
+    :class:`~vbsvm.imputed_fit.ImputedFit`."""
+    if prior is None:
+        from .imputed_fit import ImputedFit
+
+        return ImputedFit
+    from .selection_fit import ImputedSelectionFit
+
+    return ImputedSelectionFit

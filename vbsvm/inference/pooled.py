@@ -1,0 +1,146 @@
+"""VB of the conditional (cut) imputation model as a mixture over completions.
+
+The engine of ``method="vb"`` (and ``"meanfield"``) with ``missing="impute"`` and
+``imputation="conditional"``: :func:`pooled_vb_cut` fits the imputation model's q, then the
+SVM's mean-field q to each of ``K`` completions drawn from it, and pools them (Rubin's rules).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..distributions import InverseGamma, InverseWishart
+from .vb import VBResult, coordinate_ascent
+
+__all__ = ["pooled_vb_cut", "PooledGaussian"]
+
+#: Completions pooled by default (``settings["vb_completions"]`` overrides it).
+VB_COMPLETIONS = 20
+
+
+def pooled_vb_cut(model, settings):
+    r"""VB of the cut model as a mixture over completions (the default VB of
+    ``imputation="conditional"``).
+
+    The cut posterior of the SVM is by definition a mixture over the imputation posterior,
+    :math:`p_{cut}(\theta) = \int p(\theta \mid y, D_{obs}, D_{mis})\, p(D_{mis} \mid D_{obs}, y)\, dD_{mis}`.
+    We fit the imputation model's q first (:meth:`~vbsvm.models.missing.CutImputedSVMModel.fit_imputation_vb`), draw
+    ``K = settings.get("vb_completions", 20)`` completions :math:`D^{(k)}_{mis} \sim q(D_{mis})`
+    (seeded by ``seed``), fit the linear SVM's mean-field q (Algorithm 2) to each completed data
+    set, and return the moment-matched Gaussian of the mixture
+    :math:`K^{-1}\sum_k q_k(\theta)` (mean: average of the means; covariance: average covariance
+    plus the covariance of the means, Rubin's rules), of the variances (an inverse gamma with
+    the mixture's mean and variance) and of each random-effect covariance (the inverse Wishart
+    with the completions' common degrees of freedom and their average scale, i.e. the mixture's
+    mean).
+
+    Why not a single q with expectations over q(D_mis)? That factor (``vb_completions=0``;
+    :meth:`~vbsvm.models.missing.CutImputedSVMModel.vb_sweep`) is the optimum of the mean-field KL to the cut target,
+    :math:`q(\theta) \propto \exp E_{q(D)} \log p(\theta \mid y, D)`: a *geometric* mean of the
+    completed-data posteriors whose augmented quadratic penalises the imputed columns'
+    coefficients by :math:`\sum_i w_i \beta_M^T\mathrm{Cov}(d_{i,M})\beta_M` (errors-in-variables
+    attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
+    data, where the pooled mixture is within 0.1 sd.
+
+    Returns
+    -------
+    vbsvm.inference.vb.VBResult
+        ``q`` holds the pooled ``theta_mean``, ``theta_var``, ``theta_cov_dense``,
+        ``theta_cov_ds``, ``variances`` and the imputation q; ``elbo`` (one value) the average of
+        the completions' final ELBOs (a Monte Carlo estimate of ``E_q(D_mis)`` of the completed-data
+        bound), each in ``info["completion_elbos"]``.
+    """
+    K = int(settings.get("vb_completions", VB_COMPLETIONS))
+    lin, svm = model.linear, model.svm
+    selection = svm is not lin
+    model.vb_initial_state()  # fits the imputation q
+    iq = model.imputation_q
+    seed = settings.get("draw_seed", settings.get("seed"))
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
+    means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_scales = [], [], [], [], [], [], [], []
+    blocks, extra = [], {"gamma": [], "mu_b": [], "chi": []}
+    slope_blocks = lin.m_sparse and lin.q_sparse > 1
+    sweeps, converged, seconds = 0, True, 0.0
+    for _ in range(K):
+        model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
+        if selection:
+            svm.refresh_design()
+        res = coordinate_ascent(svm, tol=settings["tol"], max_iter=settings["max_iter"],
+                                accelerate=settings["accelerate"])
+        q = res.q
+        means.append(q["theta_mean"])
+        dcovs.append(q["theta"].cov_dense())
+        vars_.append(q["theta_var"])
+        ds.append(q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)))
+        if slope_blocks:
+            blocks.append(q["theta"].sparse_block_cov())
+        if selection:
+            for key in extra:
+                extra[key].append(np.asarray(q[key], dtype=float))
+        if lin.variance_components:
+            a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
+            s_mean.append(b / (a - 1.0))  # a = A + m/2 > 1 for every component with m >= 2
+            s_var.append(np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf))
+        cov_scales.append([qc.scale for qc in q["covariances"]])
+        elbos.append(res.elbo[-1])
+        sweeps += res.n_sweeps
+        converged &= res.converged
+        seconds += res.seconds
+    model.set_cells(iq["cells"])
+    means = np.array(means)
+    mean = means.mean(axis=0)
+    dev = means - mean
+    bdiv = max(K - 1, 1)
+    pooled = {
+        "theta_mean": mean,
+        "theta_cov_dense": np.mean(dcovs, axis=0) + dev[:, :lin.qd].T @ dev[:, :lin.qd] / bdiv,
+        "theta_var": np.mean(vars_, axis=0) + (dev ** 2).sum(axis=0) / bdiv,
+        "theta_cov_ds": np.mean(ds, axis=0) + dev[:, :lin.qd].T @ dev[:, lin.qd:] / bdiv,
+    }
+    if slope_blocks:
+        ds_dev = dev[:, lin.qd:].reshape(K, lin.m_sparse, lin.q_sparse)
+        pooled["theta_cov_ss_blocks"] = np.mean(blocks, axis=0) + np.einsum("kli,klj->lij", ds_dev, ds_dev) / bdiv
+    if selection:  # the Laplace-zero q: inclusion probabilities and q(b), chi averaged over completions
+        pooled.update({key: np.mean(v, axis=0) for key, v in extra.items()})
+        g = np.clip(pooled["gamma"], 1e-300, 1.0 - 1e-16)
+        pooled["eta"] = np.log(g) - np.log1p(-g)
+        pooled["theta"] = PooledGaussian(pooled, lin.qd)
+    if lin.variance_components:
+        m = np.mean(s_mean, axis=0)
+        v = np.mean(s_var, axis=0) + np.var(s_mean, axis=0)
+        a = m ** 2 / v + 2.0
+        pooled["variances"] = InverseGamma(a, m * (a - 1.0))
+    else:
+        pooled["variances"] = None
+    # every completion's q(Sigma_k) has df = df_k + m_k: the average scale gives the mixture's mean
+    pooled["covariances"] = [InverseWishart(np.mean(S, axis=0), c.df + len(c.index))
+                             for c, S in zip(lin.covariance_components, zip(*cov_scales))]
+    cm, cc = iq["means"], iq["mean_covs"]
+    pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
+                  class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
+    return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
+                    n_sweeps=sweeps, seconds=seconds,
+                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
+
+
+class PooledGaussian:
+    """The moment-matched Gaussian of :func:`pooled_vb_cut` in the interface of
+    :class:`~vbsvm.models.linear.CoefficientPosterior` that the fits read (``mean``,
+    ``diag_cov``, ``cov_dense``, ``cov_dense_sparse``, ``sparse_block_cov``)."""
+
+    def __init__(self, pooled, qd):
+        self.mean = pooled["theta_mean"]
+        self.mean_dense, self.mean_sparse = self.mean[:qd], self.mean[qd:]
+        self._p = pooled
+
+    def diag_cov(self):
+        return self._p["theta_var"]
+
+    def cov_dense(self):
+        return self._p["theta_cov_dense"]
+
+    def cov_dense_sparse(self):
+        return self._p["theta_cov_ds"]
+
+    def sparse_block_cov(self):
+        return self._p["theta_cov_ss_blocks"]
