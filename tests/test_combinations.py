@@ -173,7 +173,7 @@ def test_laplace_zero_with_slopes_fits_and_reports(lz_slope_fits):
 def test_laplace_zero_with_slopes_vb_draws_keep_the_block_covariance(lz_slope_fits):
     """The iid draws from q of a VB fit (to_arviz) have each level's intercept-slope covariance."""
     vb = lz_slope_fits[0]
-    theta = vb._vb_draws()[0].reshape(-1, vb.layout.q)
+    theta = vb._draws()[0].reshape(-1, vb.layout.q)
     nd = vb.layout.n_dense
     B = vb.posterior["theta_cov_ss_blocks"]
     draws = theta[:, nd:].reshape(theta.shape[0], *B.shape[:2])

@@ -293,7 +293,7 @@ def test_draw_shape_requests_are_honoured_for_every_fit_type(sim):
             assert got == (own if name == "gibbs" else shape), (name, shape, got)
         assert fit.to_arviz()["posterior"][var].shape[:2] == own, name  # the fit is untouched
     sel = fits["laplace_zero"]
-    assert "_vb_draw_cache" not in vars(sel) or vars(sel)["_vb_draw_cache"][0].shape[:2] == (2, 300)
+    assert sel._post.draws()[0].shape[:2] == (2, 300)  # its own posterior object kept its shape
 
 
 def test_gp_draws_are_pure_and_of_the_requested_shape():

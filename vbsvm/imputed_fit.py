@@ -34,7 +34,8 @@ import pandas as pd
 import xarray as xr
 from scipy import sparse, stats
 
-from .results import Fit, _interval_names, add_sparse_score
+from .posterior import add_sparse_score
+from .results import Fit, _interval_names
 from .distributions import InverseWishart
 
 __all__ = ["ImputedFit"]
@@ -426,6 +427,15 @@ class ImputedFit(Fit):
             return mean, np.sqrt(np.maximum(var, 0.0))
         return self._score_draw_stats(dense, sc)[:2]
 
+    def _prob_positive(self, newdata, new_levels, mean, sd):
+        """``P(f(x) > 0 | data)``, incomplete rows integrated over the imputation model: under VB
+        ``Phi(m / s)`` of the score's moments, under Gibbs the mixture over the draws."""
+        if self.method == "vb":
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return stats.norm.cdf(mean / sd)
+        dense, rows = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
+        return self._score_draw_stats(dense, rows)[2]
+
     def _class_log_prior(self) -> np.ndarray:
         """log of the training class proportions (classes -1, +1), the label's marginal."""
         y = np.asarray(self.design.y, dtype=float)
@@ -458,7 +468,7 @@ class ImputedFit(Fit):
         P = self.posterior
         patterns = self._patterns(comp)
         if not patterns:
-            return self._vb_score_moments(dense, sc)
+            return self._post.score_mean_var(dense, sc)
         cm = P.get("class_means_mean")
         comps = self._components(P["mu_mean"], None if cm is None else 0.5 * (cm[1] - cm[0]))
         if cm is not None:
@@ -485,7 +495,7 @@ class ImputedFit(Fit):
                 filled[k][np.ix_(R, aff)] += np.einsum("rm,rmk->rk", cond, S)
             T = np.einsum("rak,ab,rbl->rkl", S, V, S)  # Cov(c_r | x_O) on the affected columns
             extra[R] = np.einsum("k,rkl,l->r", th, T, th) + np.einsum("rkl,kl->r", T, cov)
-        moments = [self._vb_score_moments(f, sc) for f in filled]
+        moments = [self._post.score_mean_var(f, sc) for f in filled]
         means = np.array([m for m, _ in moments])
         W, mean, between = self._mixture(logw, means)
         within = np.sum(W * np.array([v for _, v in moments]), axis=0)

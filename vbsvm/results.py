@@ -32,8 +32,8 @@ import xarray as xr
 from scipy import stats
 
 from . import validation
-from .distributions import InverseWishart
 from .exceptions import DiagnosticWarning, FitFileError, InputError
+from .posterior import add_sparse_score, posterior_of
 from .summary import build_summary
 
 __all__ = ["Fit", "ThetaLayout"]
@@ -142,7 +142,7 @@ class Fit:
     @property
     def elbo(self):
         """ELBO after each accepted VB iterate (``None`` for Gibbs and MAP fits)."""
-        return self.posterior.get("elbo") if self.method == "vb" else None
+        return self._post.elbo
 
     @property
     def n_obs(self) -> int:
@@ -151,23 +151,20 @@ class Fit:
     def _level(self, level):
         return validation.level(self.settings.get("level", 0.95) if level is None else level)
 
+    @property
+    def _post(self):
+        """The posterior as an object that does not depend on the method's arrays
+        (:func:`vbsvm.posterior.posterior_of`)."""
+        if "posterior_object" not in self._cache:
+            self._cache["posterior_object"] = posterior_of(self)
+        return self._cache["posterior_object"]
+
     def _theta_draws(self):
-        return self.posterior["theta_draws"].reshape(-1, self.layout.q)
+        return self._post.theta_draws()
 
     def _marginals(self, index, level):
         """mean, sd, lower, upper of coordinates ``index`` of theta."""
-        lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-        if self.method == "vb":
-            mean = self.posterior["theta_mean"][index]
-            sd = np.sqrt(self.posterior["theta_var"][index])
-            z = stats.norm.ppf(hi_q)
-            return mean, sd, mean - z * sd, mean + z * sd
-        if self.method == "gibbs":
-            d = self._theta_draws()[:, index]
-            return d.mean(0), d.std(0, ddof=1), np.quantile(d, lo_q, axis=0), np.quantile(d, hi_q, axis=0)
-        mode = self.posterior["theta_mode"][index]
-        nan = np.full_like(mode, np.nan)
-        return mode, nan, nan, nan
+        return self._post.theta_marginals(index, level)
 
     def _table(self, names, index, level):
         mean, sd, lo, hi = self._marginals(np.asarray(index), level)
@@ -202,36 +199,15 @@ class Fit:
         level = self._level(level)
         lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
         lo_name, hi_name = _interval_names(level)
-        rows = {}
-        for k, name in enumerate(self.layout.variances):
-            if self.method == "vb":
-                a, b = self.posterior["var_shape"][k], self.posterior["var_scale"][k]
-                dist = stats.invgamma(a, scale=b)
-                mean = b / (a - 1) if a > 1 else np.inf
-                sd = np.sqrt(b * b / ((a - 1) ** 2 * (a - 2))) if a > 2 else np.inf
-                rows[name] = (mean, sd, dist.ppf(lo_q), dist.ppf(hi_q))
-                if name == "sigma2_u":
-                    tau = stats.gamma(a, scale=1.0 / b)
-                    rows["alpha"] = (a / (4 * b), np.sqrt(a) / (4 * b), tau.ppf(lo_q) / 4, tau.ppf(hi_q) / 4)
-            elif self.method == "gibbs":
-                d = self.posterior["sigma2_draws"].reshape(-1, len(self.layout.variances))[:, k]
-                rows[name] = (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
-                if name == "sigma2_u":
-                    al = 1.0 / (4.0 * d)
-                    rows["alpha"] = (al.mean(), al.std(ddof=1), np.quantile(al, lo_q), np.quantile(al, hi_q))
-            else:
-                s = self.posterior["sigma2_mode"][k]
-                rows[name] = (s, np.nan, np.nan, np.nan)
-                if name == "sigma2_u":
-                    rows["alpha"] = (1 / (4 * s), np.nan, np.nan, np.nan)
+        rows = self._post.variance_rows(lo_q, hi_q)
         for name, S in self._covariance_draws().items():
             cols = self.layout.columns_of(name)
             for j, c in enumerate(cols):
                 d = S[:, j, j]
-                rows[f"sigma2_{name}[{c}]"] = _draw_summary(d, lo_q, hi_q, self.method == "map")
+                rows[f"sigma2_{name}[{c}]"] = _draw_summary(d, lo_q, hi_q, self._post.point)
             for j, k in zip(*np.tril_indices(len(cols), -1)):
                 d = S[:, j, k] / np.sqrt(S[:, j, j] * S[:, k, k])
-                rows[f"cor_{name}[{cols[k]},{cols[j]}]"] = _draw_summary(d, lo_q, hi_q, self.method == "map")
+                rows[f"cor_{name}[{cols[k]},{cols[j]}]"] = _draw_summary(d, lo_q, hi_q, self._post.point)
         out = pd.DataFrame.from_dict(rows, orient="index", columns=["mean", "sd", lo_name, hi_name])
         out.index.name = "parameter"
         return out
@@ -239,26 +215,12 @@ class Fit:
     def _covariance_draws(self) -> dict:
         """Term name -> draws (k, q, q) of its random-effect covariance: Gibbs draws, iid draws from
         the IW q of VB (``chains x draws`` of them, seeded at fit time), or the mode (k = 1)."""
-        out, at = {}, 0
-        P = self.posterior
-        for i, name in enumerate(self.layout.covariances):
-            q = len(self.layout.columns_of(name))
-            if self.method == "gibbs":
-                S = P["cov_draws"].reshape(-1, P["cov_draws"].shape[-1])[:, at:at + q * q].reshape(-1, q, q)
-            elif self.method == "map":
-                S = P["cov_mode"][at:at + q * q].reshape(1, q, q)
-            else:
-                rng = np.random.default_rng([self.settings.get("draw_seed") or 0, i])
-                size = self.settings.get("chains", 4) * self.settings.get("draws", 1000)
-                S = InverseWishart(P["cov_scale"][at:at + q * q].reshape(q, q), P["cov_df"][i]).sample(rng, size)
-            out[name] = S
-            at += q * q
-        return out
+        return self._post.covariance_draws()
 
     # ------------------------------------------------------------------ diagnostics
     def diagnostics(self) -> pd.DataFrame | None:
         """R-hat (rank-normalized), bulk/tail ESS and MCSE of every parameter (Gibbs only)."""
-        if self.method != "gibbs":
+        if not self._post.sampled:
             return None
         if "diagnostics" not in self._cache:
             self._cache["diagnostics"] = self._compute_diagnostics()
@@ -272,7 +234,7 @@ class Fit:
         the variance components ``sigma2*`` (not the random-effect levels, imputations or
         indicators). Gibbs runs are extended until these reach R-hat <= 1.01 and bulk ESS >= 400
         (see ``max_draws`` of :func:`vbsvm.svm`), and the fit warns if they do not."""
-        if self.method != "gibbs":
+        if not self._post.sampled:
             return None
         if "summary_diagnostics" not in self._cache:
             post = self._posterior_dataset()
@@ -392,54 +354,13 @@ class Fit:
     def _score_moments(self, dense, sc):
         """Posterior mean and sd of the score of new rows (dense part, eliminated term's
         ``(codes, Z)``); NaN sds for a mode."""
-        lay = self.layout
-        if self.method == "vb":
-            mean, var = self._vb_score_moments(dense, sc)
-            sd = np.sqrt(np.maximum(var, 0.0))
-        elif self.method == "gibbs":
-            mean, sd, _ = self._score_draw_stats(dense, sc)
-        else:
-            th = self.posterior["theta_mode"]
-            mean = add_sparse_score((dense @ th[: lay.n_dense])[None], th[None, lay.n_dense:], sc)[0]
-            sd = np.full(mean.shape, np.nan)
-        return mean, sd
+        return self._post.score_moments(dense, sc)
 
-    def _sparse_blocks(self) -> np.ndarray:
-        """Marginal covariance blocks (m, q, q) of the eliminated term under the VB q."""
-        P, nd = self.posterior, self.layout.n_dense
-        if "theta_cov_ss_blocks" in P:
-            return P["theta_cov_ss_blocks"]
-        return P["theta_var"][nd:][:, None, None]
-
-    def _vb_score_moments(self, dense, sc):
-        """Mean and variance of the score under the Gaussian q(theta), for dense rows ``dense``
-        and the eliminated term's ``(codes, Z)`` ``sc`` (code -1: unseen level, no random effect)."""
-        P, nd = self.posterior, self.layout.n_dense
-        mean = add_sparse_score((dense @ P["theta_mean"][:nd])[None], P["theta_mean"][None, nd:], sc)[0]
-        var = np.einsum("ij,ij->i", dense @ P["theta_cov_dense"], dense)
-        if sc is not None:
-            codes, Z = sc
-            seen = np.flatnonzero(codes >= 0)
-            s, z = codes[seen], Z[seen]
-            q = Z.shape[1]
-            C = P["theta_cov_ds"].reshape(nd, -1, q)  # Cov(dense, level block)
-            var[seen] += 2 * np.einsum("ij,jik,ik->i", dense[seen], C[:, s, :], z)
-            var[seen] += np.einsum("ij,ijk,ik->i", z, self._sparse_blocks()[s], z)
-        return mean, var
-
-    def _score_draw_stats(self, dense, sc):
-        draws = self._theta_draws()
-        lay = self.layout
-        n = dense.shape[0]
-        chunk = max(1, int(4e6 // draws.shape[0]))  # at most ~32 MB of scores at a time
-        mean, sd, pos = np.empty(n), np.empty(n), np.empty(n)
-        for start in range(0, n, chunk):
-            sl = slice(start, start + chunk)
-            f = add_sparse_score(draws[:, : lay.n_dense] @ dense[sl].T, draws[:, lay.n_dense:], sc, sl)
-            mean[sl] = f.mean(0)
-            sd[sl] = f.std(0, ddof=1)
-            pos[sl] = (f > 0).mean(0)
-        return mean, sd, pos
+    def _prob_positive(self, newdata, new_levels, mean, sd):
+        """``P(f(x) > 0 | data)`` of rows the fit can predict (score moments ``mean``, ``sd``)."""
+        return self._post.prob_positive(
+            lambda: self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels),
+            mean, sd)
 
     def predict(self, newdata=None, kind="class", new_levels="integrate", na_action="pass"):
         """Predict new data.
@@ -496,17 +417,12 @@ class Fit:
         if kind == "prob":
             a, b = self.info.get("prob_calibration", (1.0, 0.0))
             return pd.Series(probit_predictive(m, sd, a, b), index=newdata.index, name=name)
-        if self.method == "map":
+        if self._post.point:
             raise InputError(
                 "kind='prob_positive' needs a posterior; a method='map' fit has only the mode. Refit with "
                 "method='vb' or method='gibbs', or use kind='prob' or kind='score'."
             )
-        if self.method == "vb":
-            with np.errstate(divide="ignore", invalid="ignore"):
-                prob = stats.norm.cdf(m / sd)
-        else:
-            dense, sc = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
-            prob = self._score_draw_stats(dense, sc)[2]
+        prob = self._prob_positive(newdata, new_levels, m, sd)
         return pd.Series(prob, index=newdata.index, name=f"P(score > 0) for {name}")
 
     # ------------------------------------------------------------------ summary
@@ -540,55 +456,13 @@ class Fit:
 
     # ------------------------------------------------------------------ ArviZ
     def _draws(self):
-        """Draws of theta and the variances (Gibbs draws, or iid draws from the VB q)."""
-        if self.method == "gibbs":
-            return self.posterior["theta_draws"], self.posterior["sigma2_draws"]
-        if self.method == "map":
-            return None, None
-        P = self.posterior
-        chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
-        if "theta_draws" in P:  # iid draws of a mixture (calibrated VB), stored at fit time
-            theta, sig = P["theta_draws"], P["sigma2_draws"]
-            if theta.shape[:2] == (chains, draws):
-                return theta, sig
-            # another shape (e.g. compare's reference shape): resample the stored iid draws
-            pick = np.random.default_rng(self.settings.get("draw_seed")).integers(
-                0, theta.shape[0] * theta.shape[1], size=(chains, draws))
-            return (theta.reshape(-1, theta.shape[-1])[pick], sig.reshape(-1, sig.shape[-1])[pick])
-        rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
-        lay = self.layout
-        Ld = np.linalg.cholesky(P["theta_cov_dense"] + 1e-300 * np.eye(lay.n_dense))
-        z = rng.standard_normal((chains, draws, lay.n_dense))
-        dense = P["theta_mean"][: lay.n_dense] + z @ Ld.T
-        parts = [dense]
-        if lay.sparse_group:
-            # theta_sparse | theta_dense is Gaussian with one q x q covariance block per level
-            ms = P["theta_mean"][lay.n_dense:]
-            K = np.linalg.solve(P["theta_cov_dense"], P["theta_cov_ds"])  # (qd, m q) regression
-            blocks = self._sparse_blocks()
-            m, q = blocks.shape[:2]
-            Cb, Kb = P["theta_cov_ds"].reshape(-1, m, q), K.reshape(-1, m, q)
-            cond = blocks - np.einsum("dlj,dlk->ljk", Cb, Kb)
-            evals, evecs = np.linalg.eigh(0.5 * (cond + np.swapaxes(cond, 1, 2)))
-            root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]  # cond = root root^T
-            zs = rng.standard_normal((chains, draws, m, q))
-            noise = np.einsum("ljk,cdlk->cdlj", root, zs).reshape(chains, draws, m * q)
-            resid = dense - P["theta_mean"][: lay.n_dense]
-            parts.append(ms + resid @ K + noise)
-        theta = np.concatenate(parts, axis=-1)
-        sig = np.empty((chains, draws, len(lay.variances)))
-        for k in range(len(lay.variances)):
-            sig[..., k] = stats.invgamma(P["var_shape"][k], scale=P["var_scale"][k]).rvs(
-                size=(chains, draws), random_state=rng)
-        return theta, sig
+        """Draws of theta and the variances (Gibbs draws, iid draws from the VB q, or the mode as
+        one draw)."""
+        return self._post.draws()
 
     def _posterior_dataset(self) -> xr.Dataset:
         theta, sig = self._draws()
         lay = self.layout
-        if theta is None:
-            th = self.posterior["theta_mode"][None, None]
-            sig = self.posterior["sigma2_mode"][None, None]
-            theta = th
         data = {"beta": (("chain", "draw", "coef"), theta[..., : lay.p])}
         coords = {"coef": list(lay.fixed)}
         for name, (levels, ix) in lay.groups.items():
@@ -629,20 +503,12 @@ class Fit:
         post = self._posterior_dataset()
         post.attrs.update({"method": self.method, "scale": "original predictor scale",
                            "inference_library": "vbsvm"})
-        if self.method == "vb":
-            post.attrs["q"] = (self.info.get("approximation", "variational") + "; theta ~ N(theta_mean, theta_cov), "
-                               "sigma2_k ~ IG(var_shape_k, var_scale_k) (EP: a mixture over a variance grid); "
-                               "see group 'vbsvm'")
-            post.attrs["draws"] = ("iid draws from the fitted approximation, not a Markov chain: the R-hat and ESS "
-                                   "that arviz.summary computes from them say nothing about convergence (they are "
-                                   "about 1 and the number of draws by construction)")
-            post.attrs["elbo"] = float(self.posterior["elbo"][-1])
+        post.attrs.update(self._post.arviz_attrs(self.info))
         tree = {"posterior": post}
-        if self.method == "gibbs":
-            tree["sample_stats"] = xr.Dataset({"log_pseudo_likelihood": (("chain", "draw"), self.posterior["log_pseudo_likelihood"])})
-        elif self.method == "vb":
-            tree["sample_stats"] = xr.Dataset({"elbo": (("iteration",), self.posterior["elbo"])})
-        if log_likelihood and self.method != "map":
+        stats_group = self._post.sample_stats()
+        if stats_group is not None:
+            tree["sample_stats"] = stats_group
+        if log_likelihood and not self._post.point:
             theta = self._draws()[0]
             dense, sc = self._new_rows(self.design.raw, new_levels="zero")
             nd = self.layout.n_dense
@@ -807,23 +673,6 @@ def _draw_summary(d, lo_q, hi_q, mode_only=False):
     if mode_only:
         return (float(d[0]), np.nan, np.nan, np.nan)
     return (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
-
-
-def add_sparse_score(F, theta_sparse, sc, rows=slice(None)):
-    """Add the eliminated random-effect term's part of the score to ``F`` (k, r) in place.
-
-    ``theta_sparse`` (k, m q) are k values of that term's coefficients (level-major), ``sc`` the
-    ``(codes, Z)`` of the new rows (code -1: unseen level, no contribution) and ``rows`` the rows
-    of ``sc`` that ``F``'s columns are.
-    """
-    if sc is None:
-        return F
-    codes, Z = sc[0][rows], sc[1][rows]
-    q = Z.shape[1]
-    seen = np.flatnonzero(codes >= 0)
-    for j in range(q):
-        F[:, seen] += theta_sparse[:, codes[seen] * q + j] * Z[seen, j]
-    return F
 
 
 def _version():

@@ -23,11 +23,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import stats
 
 from .exceptions import InputError
 from .imputed_fit import ImputedFit
-from .results import Fit, add_sparse_score
+from .results import Fit
 
 __all__ = ["SelectionFit"]
 
@@ -74,9 +73,7 @@ class SelectionFit(Fit):
 
     def gamma_draws(self) -> np.ndarray:
         """Draws of the inclusion indicators, shape ``(chains, draws, m)`` (VB: iid from q)."""
-        if self.method == "gibbs":
-            return np.asarray(self.posterior["gamma_draws"])
-        return self._vb_draws()[1]
+        return self._post.gamma_draws()
 
     # ------------------------------------------------------------------ inclusion table
     def inclusion(self) -> pd.DataFrame:
@@ -98,31 +95,7 @@ class SelectionFit(Fit):
               Barbieri & Berger 2004).
         """
         names = self.selectable
-        scale = self._scale_sel()
-        if self.method == "vb":
-            P = self.posterior
-            sel = self.sel_index
-            g = np.asarray(P["q_gamma"], dtype=float)
-            mv = P["q_mean"][sel] / scale
-            sv = np.sqrt(P["q_var"][sel]) / scale
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ppos_in = stats.norm.cdf(mv / sv)
-            mean = g * mv
-            sd = np.sqrt(np.maximum(g * (sv ** 2 + mv ** 2) - mean ** 2, 0.0))
-            p_in, p_pos, m_in, s_in = g, g * ppos_in, mv, sv
-        else:
-            gam = self.posterior["gamma_draws"].reshape(-1, len(names)).astype(bool)
-            u = self._theta_draws()[:, self.sel_index]
-            p_in = gam.mean(0)
-            p_pos = (u > 0).mean(0)
-            mean = u.mean(0)
-            sd = u.std(0, ddof=1)
-            cnt = gam.sum(0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                m_in = np.where(cnt > 0, (u * gam).sum(0) / cnt, np.nan)
-                dev = np.where(gam, u - m_in, 0.0)
-                s_in = np.where(cnt > 1, np.sqrt((dev ** 2).sum(0) / (cnt - 1)), np.nan)
-                ppos_in = np.where(cnt > 0, ((u > 0) & gam).sum(0) / cnt, np.nan)
+        p_in, p_pos, ppos_in, mean, sd, m_in, s_in = self._post.inclusion_moments(self.sel_index, self._scale_sel())
         table = pd.DataFrame({
             "p_include": p_in, "p_positive": p_pos, "p_positive_if_included": ppos_in,
             "mean": mean, "sd": sd, "mean_if_included": m_in, "sd_if_included": s_in,
@@ -150,104 +123,18 @@ class SelectionFit(Fit):
         """
         from .plots import plot_inclusion
 
-        kwargs.setdefault("title", f"Inclusion probabilities ({'VB' if self.method == 'vb' else 'Gibbs'}, "
+        kwargs.setdefault("title", f"Inclusion probabilities ({self._post.label}, "
                                    f"rho = {self.rho:g})")
         return plot_inclusion(self.inclusion(), ax=ax, positive_label=str(self.design.positive_level), **kwargs)
 
     # ------------------------------------------------------------------ marginals
-    def _marginals(self, index, level):
-        """As :meth:`Fit._marginals`, with exact spike-and-slab quantiles for VB's selectable terms."""
-        mean, sd, lo, hi = super()._marginals(index, level)
-        if self.method != "vb":
-            return mean, sd, lo, hi
-        index = np.asarray(index)
-        sel = self.sel_index
-        pos = {int(j): i for i, j in enumerate(sel)}
-        P = self.posterior
-        scale = self._scale_sel()
-        lo, hi = np.array(lo, dtype=float), np.array(hi, dtype=float)
-        for r, j in enumerate(index.tolist()):
-            if j in pos:
-                i = pos[j]
-                g = float(P["q_gamma"][i])
-                m = P["q_mean"][j] / scale[i]
-                s = np.sqrt(P["q_var"][j]) / scale[i]
-                lo[r], hi[r] = _mixture_quantile(g, m, s, [(1 - level) / 2, 1 - (1 - level) / 2])
-        return mean, sd, lo, hi
-
     def varcomp(self, level=None) -> pd.DataFrame:
         """Inferred variances: ``sigma2_u`` is the squared scale of the Laplace slab
         (``v_k | sigma_u ~ Laplace(0, sigma_u)``), then one variance per ``(1 | g)`` term."""
         out = super().varcomp(level)
         return out.drop(index="alpha", errors="ignore")
 
-    # ------------------------------------------------------------------ prediction
-    def _predict_rows(self, newdata, kind, new_levels):
-        """:meth:`vbsvm.results.Fit.predict` with the paper's rule (see module docstring): for VB
-        fits ``kind="prob_positive"`` is ``P(f(x) > 0)`` estimated from the iid draws from q
-        stored by :meth:`to_arviz` (the score is a spike-and-slab mixture, not Gaussian)."""
-        if kind != "prob_positive" or self.method != "vb":
-            return super()._predict_rows(newdata, kind, new_levels)
-        dense, sc = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
-        draws = self._vb_draws()[0].reshape(-1, self.layout.q)
-        lay = self.layout
-        n = dense.shape[0]
-        prob = np.empty(n)
-        for start in range(0, n, 2048):
-            sl = slice(start, start + 2048)
-            f = add_sparse_score(draws[:, : lay.n_dense] @ dense[sl].T, draws[:, lay.n_dense:], sc, sl)
-            prob[sl] = (f > 0).mean(0)
-        return pd.Series(prob, index=newdata.index,
-                         name=f"P({self.design.response}={self.design.positive_level!r})")
-
-    # ------------------------------------------------------------------ draws / ArviZ
-    def _vb_draws(self):
-        """iid draws from q: effective coefficients (original scale), gamma, variances (cached)."""
-        cache = self.__dict__.get("_vb_draw_cache")
-        if cache is not None:
-            return cache
-        P = self.posterior
-        lay = self.layout
-        chains, draws = int(self.settings.get("chains", 4)), int(self.settings.get("draws", 1000))
-        rng = np.random.default_rng(self.settings.get("draw_seed", self.settings.get("seed")))
-        qd = lay.n_dense
-        Ld = np.linalg.cholesky(P["q_cov_dense"])
-        z = rng.standard_normal((chains, draws, qd))
-        dense = P["q_mean"][:qd] + z @ Ld.T
-        parts = [dense]
-        if lay.sparse_group:
-            ms = P["q_mean"][qd:]
-            Sds = P["q_cov_ds"]
-            K = np.linalg.solve(P["q_cov_dense"], Sds)  # regression of sparse on dense coordinates
-            zs = rng.standard_normal((chains, draws, ms.size))
-            if "theta_cov_ss_blocks" in P:  # random slopes: each level's q x q block given the dense part
-                B = np.asarray(P["theta_cov_ss_blocks"])
-                m, qs = B.shape[:2]
-                cond = B - np.einsum("dli,dlj->lij", Sds.reshape(qd, m, qs), K.reshape(qd, m, qs))
-                L = np.linalg.cholesky(cond + 1e-12 * np.eye(qs) * np.trace(cond, axis1=1, axis2=2)[:, None, None])
-                noise = np.einsum("lij,cdlj->cdli", L, zs.reshape(chains, draws, m, qs)).reshape(chains, draws, -1)
-            else:
-                cond_var = P["q_var"][qd:] - np.einsum("ij,ij->j", Sds, K)
-                noise = zs * np.sqrt(np.maximum(cond_var, 0.0))
-            parts.append(ms + (dense - P["q_mean"][:qd]) @ K + noise)
-        theta = np.concatenate(parts, axis=-1)
-        gamma = (rng.random((chains, draws, self.sel_index.size)) < P["q_gamma"]).astype(np.int8)
-        theta[..., self.sel_index] *= gamma
-        M = self.design.to_original(qd)
-        theta[..., :qd] = theta[..., :qd] @ M.T
-        sig = np.empty((chains, draws, len(lay.variances)))
-        for k in range(len(lay.variances)):
-            sig[..., k] = stats.invgamma(P["var_shape"][k], scale=P["var_scale"][k]).rvs(
-                size=(chains, draws), random_state=rng)
-        self.__dict__["_vb_draw_cache"] = (theta, gamma, sig)
-        return theta, gamma, sig
-
-    def _draws(self):
-        if self.method == "vb":
-            theta, _, sig = self._vb_draws()
-            return theta, sig
-        return super()._draws()
-
+    # ------------------------------------------------------------------ ArviZ
     def _posterior_dataset(self) -> xr.Dataset:
         ds = super()._posterior_dataset()
         gamma = self.gamma_draws()
@@ -268,10 +155,6 @@ class SelectionFit(Fit):
         post = dt["posterior"]
         post.attrs["prior"] = "Laplace-zero: u_k = gamma_k v_k, v_k ~ Laplace(0, sigma_u), gamma_k ~ Bernoulli(rho)"
         post.attrs["rho"] = self.rho
-        if self.method == "vb":
-            post.attrs["q"] = ("theta ~ N(q_mean, q_cov) (standardized scale); gamma_k ~ Bernoulli(q_gamma_k); "
-                               "b_k ~ InverseGaussian(q_b_k, 1); sigma2_k ~ IG(var_shape_k, var_scale_k); "
-                               "see group 'vbsvm'")
         return dt
 
     def _description_lines(self) -> list:
@@ -308,20 +191,6 @@ class SelectionFit(Fit):
         m = len(self.sel_index)
         return (f"Laplace-zero, rho = {self.rho:.4g} (expected size {self.rho * m:.3g} of {m}); "
                 f"sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})")
-
-
-def _mixture_quantile(g, m, s, probs):
-    """Quantiles of ``(1 - g) delta_0 + g N(m, s^2)`` (closed form; the atom is a flat step)."""
-    out = []
-    below = g * stats.norm.cdf(-m / s) if s > 0 else g * float(m < 0)
-    for p in probs:
-        if p < below:
-            out.append(m + s * stats.norm.ppf(p / g))
-        elif p <= below + (1.0 - g):
-            out.append(0.0)
-        else:
-            out.append(m + s * stats.norm.ppf((p - (1.0 - g)) / g))
-    return out
 
 
 class ImputedSelectionFit(SelectionFit, ImputedFit):
