@@ -216,10 +216,10 @@ def test_slope_algebra_reduces_to_the_intercept_algebra(slopes_noise):
     np.testing.assert_allclose(b.elbo[-1], a.elbo[-1], rtol=1e-9)
 
 
-def test_laplace_zero_rho_one_fixed_b_with_slopes_is_the_ridge_model(slopes_noise):
-    """rho = 1 and b = 1: the coefficient full conditional of the Laplace-zero model with slopes
+def test_laplace_zero_gamma_one_b_one_with_slopes_is_the_ridge_model(slopes_noise):
+    """gamma = 1 and b = 1: the coefficient full conditional of the Laplace-zero model with slopes
     is the linear model's with slopes (same w, variances and covariance precision)."""
-    d, model = lz_model(slopes_noise, LZ_FORMULA, rho=1.0, fixed_b=1.0)
+    d, model = lz_model(slopes_noise, LZ_FORMULA)
     lin = LinearSVMModel(d.X, d.y, random_effect_terms(d), fixed_effect_precision(d, "auto", 1e8))
     rng = np.random.default_rng(0)
     w = rng.uniform(0.2, 5, d.n)

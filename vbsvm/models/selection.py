@@ -317,14 +317,9 @@ class LaplaceZeroModel:
     select : ndarray of bool (p,)
         Columns of ``X`` under the Laplace-zero prior; the others get ``N(0, sigma2_beta)``.
     rho : float
-        Prior inclusion probability, in (0, 1]; ``rho = 1`` (a test device) fixes every
-        ``gamma_k = 1``.
+        Prior inclusion probability, in (0, 1).
     sigma2_beta, A, B : float
         Prior hyperparameters.
-    fixed_b : ndarray (m,), optional
-        Hold the Laplace mixing variables ``b_k`` at these values (a test device: with
-        ``rho = 1`` and ``b = 1`` the model is the ridge-type model of
-        :class:`~vbsvm.models.linear.LinearSVMModel` with ``penalty="auto"``).
     re_df, re_scale : float and (q, q) array, optional
         Inverse-Wishart prior of the random-effect covariances (terms with slopes).
     base : LinearSVMModel, optional
@@ -335,8 +330,8 @@ class LaplaceZeroModel:
         Gibbs sweep then trades a common shift between it and the levels.
     """
 
-    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, fixed_b=None,
-                 re_df=None, re_scale=None, base=None, intercept=None):
+    def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, re_df=None, re_scale=None,
+                 base=None, intercept=None):
         select = np.asarray(select, dtype=bool)
         if base is None:
             fixed_precision = np.full(X.shape[1], 1.0 / sigma2_beta)
@@ -358,7 +353,6 @@ class LaplaceZeroModel:
         assert self.vcomps[0].name == "sigma2_u" and np.array_equal(self.vcomps[0].index, self.sel)
         self.sizes = np.array([c.size for c in self.vcomps], dtype=float)
         self.set_rho(rho)
-        self.fixed_b = None if fixed_b is None else np.broadcast_to(np.asarray(fixed_b, float), (self.m,)).copy()
         self.fixed_index = np.concatenate([c.index for c in base.components if c.kind == "fixed"] or [np.zeros(0, int)]).astype(int)
         self.fixed_tau = base.prior_precision(np.ones(len(self.vcomps)))[self.fixed_index]
         self.blas_work = self.base.blas_work  # read by the engines (vbsvm.inference.threads)
@@ -381,12 +375,12 @@ class LaplaceZeroModel:
     def set_rho(self, rho):
         """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
         rho = float(rho)
-        if not 0.0 < rho <= 1.0:
-            raise ValueError("rho must lie in (0, 1]")
+        if not 0.0 < rho < 1.0:
+            raise ValueError("rho must lie in (0, 1)")
         self.rho = rho
-        self.logit_rho = math.inf if rho == 1.0 else math.log(rho) - math.log1p(-rho)
+        self.logit_rho = math.log(rho) - math.log1p(-rho)
         self.log_rho = math.log(rho)
-        self.log_1mrho = -math.inf if rho == 1.0 else math.log1p(-rho)
+        self.log_1mrho = math.log1p(-rho)
 
     # ------------------------------------------------------------------ shared algebra
     def gram(self, w) -> Gram:
@@ -449,7 +443,7 @@ class LaplaceZeroModel:
         n, nv, m = self.n, len(self.vcomps), self.m
         chi = np.exp(state[:n])
         Bq = np.exp(state[n:n + nv])
-        mu_b = np.exp(state[n + nv:n + nv + m]) if self.fixed_b is None else self.fixed_b
+        mu_b = np.exp(state[n + nv:n + nv + m])
         eta = state[n + nv + m:n + nv + 2 * m]
         return chi, Bq, mu_b, eta, self.base.unpack_covariances(state[n + nv + 2 * m:])
 
@@ -475,10 +469,7 @@ class LaplaceZeroModel:
         Sdd = post.cov_dense()
         Odd = Sdd + np.outer(post.mean_dense, post.mean_dense)
         Okk = np.diag(Odd)[sel].copy()
-        if self.fixed_b is None:
-            mu_b_new = 1.0 / np.sqrt(e_inv_s2u * Okk)
-        else:
-            mu_b_new = self.fixed_b
+        mu_b_new = 1.0 / np.sqrt(e_inv_s2u * Okk)
         eta_new = self._gamma_sweep(gram, post, Odd, s)
         s_new = self.scaling(expit(eta_new))
         # line 10
@@ -543,11 +534,7 @@ class LaplaceZeroModel:
             value += float(np.sum(-0.5 * LOG_2PI - 0.5 * el - 0.5 * ei * (mu[c.index] ** 2 + dcov[c.index])))
         # selectable: v_k | b_k, sigma_u^2 and b_k, with q(b_k) inverse Gaussian
         mu_b = q["mu_b"]
-        if self.fixed_b is None:
-            value += float(np.sum(-LOG_2 - 0.5 * e_log[0] - 0.5 * e_inv[0] * mu_b * q["Okk"] - 0.5 / mu_b))
-        else:  # b held fixed: plain Gaussian prior with precision b_k / sigma_u^2
-            value += float(np.sum(-0.5 * LOG_2PI + 0.5 * np.log(mu_b) - 0.5 * e_log[0]
-                                  - 0.5 * e_inv[0] * mu_b * q["Okk"]))
+        value += float(np.sum(-LOG_2 - 0.5 * e_log[0] - 0.5 * e_inv[0] * mu_b * q["Okk"] - 0.5 / mu_b))
         # entropy of q(theta)
         value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * post.logdet_cov()
         # variances
@@ -563,8 +550,7 @@ class LaplaceZeroModel:
 
     # ------------------------------------------------------------------ Gibbs (Appendix B)
     def gibbs_initial_state(self, rng):
-        b = np.ones(self.m) if self.fixed_b is None else self.fixed_b
-        return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": b.copy(),
+        return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": np.ones(self.m),
                 "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs]}
 
     def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
@@ -681,7 +667,7 @@ class LaplaceZeroModel:
         in one step when two predictors are correlated (dropping one first costs fit). Returns the
         new ``(theta, gamma, b, f)``; w must be drawn afresh after it.
         """
-        if self.m < 2 or not np.isfinite(self.logit_rho):
+        if self.m < 2:
             return theta, gamma, b, f
         theta, gamma, b = theta.copy(), gamma.copy(), b.copy()
         W, X = self._swap_weight, self.base.Cd
@@ -706,6 +692,12 @@ class LaplaceZeroModel:
                 f, hinge_sum = f_new, new_sum
         return theta, gamma, b, f
 
+    def mixing_conditional(self, v, sigma2_u) -> InverseGaussian:
+        """Full conditional of the Laplace mixing variables, ``b_k | v_k, sigma_u ~
+        InverseGaussian(sigma_u / |v_k|, 1)`` (prior ``b_k ~ IG(1, 1/2)``, ``v_k | b_k ~
+        N(0, sigma_u^2 / b_k)``; see the module docstring)."""
+        return InverseGaussian(math.sqrt(sigma2_u) / np.maximum(np.abs(v), 1e-300), 1.0)
+
     def gibbs_sweep(self, state, rng):
         """gamma_k | w, rest one at a time with theta integrated out (:meth:`collapsed_indicators`);
         theta | gamma, w, rest; the random intercepts' marginal moves
@@ -721,12 +713,7 @@ class LaplaceZeroModel:
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
         v = theta[self.sel]
-        if self.fixed_b is None:  # (b was only permuted by the swaps; its full conditional is drawn here)
-            sigma_u = math.sqrt(state["sigma2"][0])
-            absv = np.maximum(np.abs(v), 1e-300)
-            b = InverseGaussian(sigma_u / absv, 1.0).sample(rng)
-        else:
-            b = self.fixed_b
+        b = self.mixing_conditional(v, state["sigma2"][0]).sample(rng)  # (the swaps only permuted b)
         sq = [float(np.sum(b * v * v))] + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]]
         sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
         # Sigma_k | b ~ IW(scale + sum_l b_l b_l^T, df + m) (the conjugate step of the linear model)
