@@ -32,11 +32,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 import xarray as xr
-from scipy import sparse, stats
+from scipy import sparse
 
+from .imputation_posterior import imputation_posterior_of
 from .posterior import add_sparse_score
 from .results import Fit, _interval_names
-from .distributions import InverseWishart
 
 __all__ = ["ImputedFit"]
 
@@ -52,11 +52,6 @@ class _NewRows(NamedTuple):
     sc: object
     completion: object
 
-
-def _chol_inv(A):
-    L = np.linalg.cholesky(A)
-    Linv = np.linalg.solve(L, np.eye(A.shape[0]))
-    return Linv.T @ Linv
 
 
 class ImputedFit(Fit):
@@ -119,19 +114,7 @@ class ImputedFit(Fit):
         rows, cols = self._cells()
         names = np.array(self.imputation_columns, dtype=object)
         lo_name, hi_name = _interval_names(level)
-        lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-        P = self.posterior
-        if self.method == "vb":
-            mean = np.asarray(P["x_missing_mean"], dtype=float)
-            sd = np.asarray(P["x_missing_sd"], dtype=float)
-            z = stats.norm.ppf(hi_q)
-            lo, hi = mean - z * sd, mean + z * sd
-        else:
-            draws = np.asarray(P["x_missing_draws"])
-            d = draws.reshape(draws.shape[0] * draws.shape[1], rows.size)
-            mean = d.mean(axis=0)
-            sd = d.std(axis=0, ddof=1) if d.shape[0] > 1 else np.full(rows.size, np.nan)
-            lo, hi = np.quantile(d, lo_q, axis=0), np.quantile(d, hi_q, axis=0)
+        mean, sd, lo, hi = self._imp.cell_marginals(level)
         return pd.DataFrame({"row": np.asarray(self.design.row_labels)[rows], "column": names[cols],
                              "mean": mean, "sd": sd, lo_name: lo, hi_name: hi})
 
@@ -139,7 +122,7 @@ class ImputedFit(Fit):
         """Posterior means of the imputation model ``d_i ~ N(mu, Sigma)`` on the original
         scale of the design columns: ``n_missing``, ``mu`` (mean and sd) and ``sd(d)`` =
         ``sqrt(Sigma_jj)``, and the correlations implied by ``E[Sigma]``."""
-        mu_draws, Sigma_draws = self._imputation_parameter_summaries()
+        mu_draws, Sigma_draws = self._imp.parameters()
         mean_mu, sd_mu, Sigma = mu_draws[0], mu_draws[1], Sigma_draws
         names = self.imputation_columns
         n_missing = self._train_mask.sum(axis=0)
@@ -162,26 +145,7 @@ class ImputedFit(Fit):
 
     def _label_effect(self):
         """Posterior mean and sd of the label effect ``gamma`` (conditional model; else None)."""
-        P = self.posterior
-        if not self.conditional:
-            return None
-        if self.method == "vb":
-            m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
-            return 0.5 * (m[1] - m[0]), np.sqrt(np.diag(C[0] + C[1]) / 4.0)
-        g = np.asarray(P[self._label_effect_key]).reshape(-1, np.shape(P[self._label_effect_key])[-1])
-        return g.mean(axis=0), g.std(axis=0, ddof=1) if g.shape[0] > 1 else np.full(g.shape[1], np.nan)
-
-    def _imputation_parameter_summaries(self):
-        P = self.posterior
-        if self.method == "vb":
-            d = P["mu_mean"].size
-            df = float(P["Sigma_df"])
-            Sigma = P["Sigma_scale"] / (df - d - 1) if df > d + 1 else P["Sigma_scale"] / df
-            return (P["mu_mean"], np.sqrt(np.diag(P["mu_cov"]))), Sigma
-        mu = np.asarray(P["mu_draws"])
-        S = np.asarray(P["Sigma_draws"])
-        mu, S = mu.reshape(mu.shape[0] * mu.shape[1], *mu.shape[2:]), S.reshape(S.shape[0] * S.shape[1], *S.shape[2:])
-        return (mu.mean(axis=0), mu.std(axis=0, ddof=1) if mu.shape[0] > 1 else np.full(mu.shape[1], np.nan)), S.mean(axis=0)
+        return self._imp.label_effect() if self.conditional else None
 
     # ------------------------------------------------------------------ summary
     def summary_tables(self, level) -> list:
@@ -222,11 +186,7 @@ class ImputedFit(Fit):
         if self.conditional:
             txt.append("Cut model (imputation='conditional'): the imputations come from this model given the "
                        "observed predictors and the label, without feedback from the SVM; "
-                       + ("VB pools the mean-field fits of "
-                          f"{self.info.get('vb_completions', 20)} completions drawn from q(x_missing) (Rubin's rules)."
-                          if self.method == "vb" else
-                          "Gibbs draws the imputation block from its own posterior, then the SVM given the "
-                          "completed data."))
+                       + self._imp.pooling_text(self.info))
         else:
             txt.append("Caution: the SVM pseudo-likelihood is not normalized in y, so this joint model (the "
                        "paper's, imputation='joint') draws each imputation toward the side of its row's label and "
@@ -240,47 +200,18 @@ class ImputedFit(Fit):
             f"Missing predictors imputed in the model: {self.n_incomplete} of {self.n_obs} rows incomplete"]
 
     # ------------------------------------------------------------------ draws and ArviZ
-    def _imputation_rng(self):
-        seed = self.settings.get("draw_seed", self.settings.get("seed"))
-        return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
+    @property
+    def _imp(self):
+        """The imputation block's posterior object
+        (:func:`vbsvm.imputation_posterior.imputation_posterior_of`)."""
+        if "imputation_posterior" not in self._cache:
+            self._cache["imputation_posterior"] = imputation_posterior_of(self)
+        return self._cache["imputation_posterior"]
 
     def _imputation_draws(self):
         """Draws of ``x_missing`` (chain, draw, cell), ``mu`` (chain, draw, d) and ``Sigma``
         (chain, draw, d, d): Gibbs draws, or iid draws from the VB q."""
-        P = self.posterior
-        if self.method == "gibbs":
-            return np.asarray(P["x_missing_draws"]), np.asarray(P["mu_draws"]), np.asarray(P["Sigma_draws"])
-        chains, draws = self.settings.get("chains", 4), self.settings.get("draws", 1000)
-        rng = self._imputation_rng()
-        rows, _ = self._cells()
-        n_cells = rows.size
-        mean = np.asarray(P["x_missing_mean"], dtype=float)
-        x = np.empty((chains, draws, n_cells))
-        if n_cells:
-            rowcov = np.asarray(P["x_missing_rowcov"], dtype=float)
-            n_rows, dmax, _ = rowcov.shape
-            sizes = np.bincount(np.unique(rows, return_inverse=True)[1], minlength=n_rows)
-            used = np.arange(dmax)[None, :] < sizes[:, None]  # (n_rows, dmax)
-            padded = rowcov + np.einsum("ij,jk->ijk", (~used).astype(float), np.eye(dmax))
-            L = np.linalg.cholesky(padded)
-            z = rng.standard_normal((chains, draws, n_rows, dmax))
-            dev = np.einsum("rjk,csrk->csrj", L, z)
-            x[:] = mean + dev[:, :, used]
-        d = P["mu_mean"].size
-        Lmu = np.linalg.cholesky(P["mu_cov"])
-        mu = P["mu_mean"] + rng.standard_normal((chains, draws, d)) @ Lmu.T
-        Sigma = InverseWishart(P["Sigma_scale"], float(P["Sigma_df"])).sample(rng, size=(chains, draws))
-        return x, mu, Sigma
-
-    def _gamma_draws(self, shape):
-        """Draws of the label effect ``gamma`` (conditional model): Gibbs draws, or iid draws of
-        ``(m_+1 - m_-1) / 2`` from the VB ``q(m_-1) q(m_+1)``."""
-        P = self.posterior
-        if self.method == "gibbs":
-            return np.asarray(P[self._label_effect_key])
-        rng = np.random.default_rng(np.random.SeedSequence(self.settings.get("draw_seed")).spawn(3)[2])
-        m, C = np.asarray(P["class_means_mean"]), np.asarray(P["class_means_cov"])
-        return 0.5 * (m[1] - m[0] + rng.standard_normal((*shape, m.shape[1])) @ np.linalg.cholesky(C[0] + C[1]).T)
+        return self._imp.draws()
 
     def _cell_labels(self):
         rows, cols = self._cells()
@@ -301,7 +232,7 @@ class ImputedFit(Fit):
         })
         if self.conditional:
             ds = ds.assign({self._label_effect_key.removesuffix("_draws"):
-                            (("chain", "draw", "imp_col"), self._gamma_draws(mu.shape[:2]))})
+                            (("chain", "draw", "imp_col"), self._imp.label_effect_draws(mu.shape[:2]))})
         return ds.assign_coords({
             "missing_cell": np.asarray(cell_labels, dtype=object),
             "missing_row": ("missing_cell", row_coord),
@@ -329,9 +260,7 @@ class ImputedFit(Fit):
                                      + " on the non-intercept design columns (a predictor in interactions: the "
                                      "predictor); values on the original scale of each design column (transformed "
                                      "predictors on the transformed scale)")
-        if self.method == "vb":
-            attrs["q_imputation"] = ("x_missing: Gaussian per incomplete row (x_missing_mean, x_missing_rowcov); "
-                                     "mu ~ N(mu_mean, mu_cov); Sigma ~ IW(Sigma_scale, Sigma_df); see group 'vbsvm'")
+        attrs.update(self._imp.arviz_attrs())
         post.attrs = attrs
         return dt
 
@@ -422,19 +351,13 @@ class ImputedFit(Fit):
         pi_c N(x_O; m_{c,O}, Sigma_OO)`` and ``pi_c`` the class proportions of the training
         data (the label's marginal). The score's mean and variance are those of this mixture.
         """
-        if self.method == "vb":
-            mean, var = self._vb_score(dense, sc)
-            return mean, np.sqrt(np.maximum(var, 0.0))
-        return self._score_draw_stats(dense, sc)[:2]
+        return self._imp.score_moments(self, dense, sc)
 
     def _prob_positive(self, newdata, new_levels, mean, sd):
         """``P(f(x) > 0 | data)``, incomplete rows integrated over the imputation model: under VB
         ``Phi(m / s)`` of the score's moments, under Gibbs the mixture over the draws."""
-        if self.method == "vb":
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return stats.norm.cdf(mean / sd)
         dense, rows = self._new_rows(newdata, new_levels="zero" if new_levels == "integrate" else new_levels)
-        return self._score_draw_stats(dense, rows)[2]
+        return self._imp.prob_positive(self, dense, rows, mean, sd)
 
     def _class_log_prior(self) -> np.ndarray:
         """log of the training class proportions (classes -1, +1), the label's marginal."""
@@ -457,104 +380,3 @@ class ImputedFit(Fit):
         W /= W.sum(axis=0)
         mean = np.sum(W * values, axis=0)
         return W, mean, np.sum(W * values ** 2, axis=0) - mean ** 2
-
-    def _vb_score(self, dense, rows):
-        """Mean and variance of the score under q (see :meth:`_score_moments`). A design entry
-        ``e_off + e_slope x`` of a missing cell is linear in it, so row r's score is
-        ``theta^T c_r`` with ``E[c_r | x_O, c] = `` the entries at the conditional mean and
-        ``Cov(c_r | x_O) = S_r^T Var(x_M | x_O) S_r`` (slopes ``S_r``), whose part of the score's
-        variance is ``E_q[theta^T Cov(c_r) theta] = mu^T Cov(c_r) mu + tr(Sigma_theta Cov(c_r))``."""
-        sc, comp = rows
-        P = self.posterior
-        patterns = self._patterns(comp)
-        if not patterns:
-            return self._post.score_mean_var(dense, sc)
-        cm = P.get("class_means_mean")
-        comps = self._components(P["mu_mean"], None if cm is None else 0.5 * (cm[1] - cm[0]))
-        if cm is not None:
-            comps = [(lp, m) for (lp, _), m in zip(comps, cm)]
-        Lam = float(P["Sigma_df"]) * _chol_inv(P["Sigma_scale"])  # E_q[Sigma^{-1}]
-        Sig = _chol_inv(Lam)
-        aff = comp.affected
-        th = P["theta_mean"][aff]
-        cov = P["theta_cov_dense"][np.ix_(aff, aff)]
-        extra = np.zeros(dense.shape[0])
-        filled = [dense.copy() for _ in comps]
-        logw = np.array([np.full(dense.shape[0], lp) for lp, _ in comps])
-        for R, M, O in patterns:
-            V = _chol_inv(Lam[np.ix_(M, M)])  # Var(x_M | x_O)
-            K = V @ Lam[np.ix_(M, O)] if O.size else None  # Lam_MM^{-1} Lam_MO
-            SOOi = _chol_inv(Sig[np.ix_(O, O)]) if O.size else None
-            S = comp.slopes(R, M)  # (r, m, a)
-            for k, (_, mu) in enumerate(comps):
-                cond = np.broadcast_to(mu[M], (R.size, M.size)).copy()
-                if O.size:
-                    dev = comp.D[np.ix_(R, O)] - mu[O]
-                    cond -= dev @ K.T
-                    logw[k, R] -= 0.5 * np.einsum("ro,op,rp->r", dev, SOOi, dev)
-                filled[k][np.ix_(R, aff)] += np.einsum("rm,rmk->rk", cond, S)
-            T = np.einsum("rak,ab,rbl->rkl", S, V, S)  # Cov(c_r | x_O) on the affected columns
-            extra[R] = np.einsum("k,rkl,l->r", th, T, th) + np.einsum("rkl,kl->r", T, cov)
-        moments = [self._post.score_mean_var(f, sc) for f in filled]
-        means = np.array([m for m, _ in moments])
-        W, mean, between = self._mixture(logw, means)
-        within = np.sum(W * np.array([v for _, v in moments]), axis=0)
-        return mean, within + between + extra
-
-    def _score_draw_stats(self, dense, rows, chunk=512):
-        """Mean, sd and P(f > 0) of the score over the Gibbs draws, rows with missing entries
-        integrated over x_M | x_O per draw (a Gaussian mixture over the draws and, for the
-        conditional model, over the label). Row r's score is linear in its missing cells with
-        the per-draw coefficients ``b_r = S_r theta`` (slopes ``S_r`` of its design entries)."""
-        sc, comp = rows
-        lay = self.layout
-        draws = self._theta_draws()
-        S = draws.shape[0]
-        mu = np.asarray(self.posterior["mu_draws"]).reshape(S, -1)
-        d = mu.shape[1]
-        Sigma = np.asarray(self.posterior["Sigma_draws"]).reshape(S, d, d)
-        gamma = self.posterior.get(self._label_effect_key)
-        comps = self._components(mu, None if gamma is None else np.asarray(gamma).reshape(S, d))
-        n = dense.shape[0]
-        Fm = np.empty((S, n))  # per-draw conditional mean of the score
-        Fv = np.zeros((S, n))  # per-draw conditional variance (0 for complete rows)
-        for start in range(0, n, 2048):
-            sl = slice(start, start + 2048)
-            Fm[:, sl] = draws[:, : lay.n_dense] @ dense[sl].T
-        add_sparse_score(Fm, draws[:, lay.n_dense:], sc)
-        pos = (Fm > 0).astype(float)  # per-draw P(f > 0); complete rows: the sign of the score
-        theta_aff = draws[:, comp.affected]
-        for R, M, O in self._patterns(comp):
-            slopes = comp.slopes(R, M)  # (r, m, a)
-            SMM = Sigma[:, M][:, :, M]
-            if O.size:
-                SOO = Sigma[:, O][:, :, O]
-                SOM = Sigma[:, O][:, :, M]
-                K = np.linalg.solve(SOO, SOM)  # (S, o, m)
-                SOOi = np.linalg.inv(SOO)
-                V = SMM - np.einsum("som,sok->smk", SOM, K)
-            else:
-                V = SMM
-            for start in range(0, R.size, chunk):
-                rr = R[start: start + chunk]
-                b = np.einsum("rmk,sk->srm", slopes[start: start + chunk], theta_aff)  # (S, r, m)
-                vm = np.einsum("srm,smk,srk->sr", b, V, b)
-                fc, logw = [], []
-                for lp, mc in comps:
-                    cond = np.broadcast_to(mc[:, None, M], (S, rr.size, M.size))
-                    lw = np.full((S, rr.size), lp)
-                    if O.size:
-                        dev = comp.D[np.ix_(rr, O)][None, :, :] - mc[:, None, O]  # (S, r, o)
-                        cond = cond + np.einsum("sro,som->srm", dev, K)
-                        lw = lw - 0.5 * np.einsum("sro,sop,srp->sr", dev, SOOi, dev)
-                    fc.append(Fm[:, rr] + np.einsum("srm,srm->sr", b, cond))
-                    logw.append(lw)
-                fc = np.array(fc)
-                W, Fm[:, rr], between = self._mixture(np.array(logw), fc)
-                Fv[:, rr] = vm + between
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    comp_pos = np.where(vm > 0, stats.norm.cdf(fc / np.sqrt(vm)), (fc > 0).astype(float))
-                pos[:, rr] = np.sum(W * comp_pos, axis=0)
-        mean = Fm.mean(axis=0)
-        sd = np.sqrt(Fv.mean(axis=0) + (Fm.var(axis=0, ddof=1) if S > 1 else 0.0))
-        return mean, sd, pos.mean(axis=0)
