@@ -34,11 +34,6 @@ def sim():
     return vbsvm.datasets.simulate_luts(200, 5, seed=3)
 
 
-@pytest.fixture(scope="module")
-def toenail():
-    return vbsvm.datasets.load("toenail")
-
-
 def test_fixed_point_penalty_inference_simulated(sim):
     d, model = make_model("y ~ .", sim)
     res = coordinate_ascent(model, tol=1e-15, max_iter=5000)

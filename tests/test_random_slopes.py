@@ -30,7 +30,6 @@ from vbsvm.models.linear import LinearSVMModel
 
 from oracle import vb_iteration_random_effects
 from test_reliability_helpers import ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 
 def slope_frame(n_groups, n_per, seed, *, sd=(1.0, 1.0), cor=0.5, beta=(0.3, 1.0, -0.7), hinge=False):
@@ -196,8 +195,7 @@ def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path):
     assert list(tree["posterior"]["cor_g"].coords["g_pair"].values) == ["Intercept,x"]
 
 
-def test_toenail_random_slopes_by_vb_and_gibbs():
-    toenail = vbsvm.datasets.load("toenail")
+def test_toenail_random_slopes_by_vb_and_gibbs(toenail):
     formula = "y ~ time * terbinafine + (1 + time | patient_id)"
     vb = vbsvm.svm(formula, toenail, penalty=None)
     assert vb.info["converged"] and vb.info["model"].endswith("with random effects")

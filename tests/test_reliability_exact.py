@@ -26,7 +26,6 @@ from vbsvm.exceptions import DiagnosticWarning
 from test_reliability_helpers import (ess, grid_cdf, hinge_sum, ks_1samp_ess,
                                       mixture_cdf)
 from test_reliability_helpers import gibbs_fit
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

@@ -28,21 +28,6 @@ import vbsvm
 from vbsvm.exceptions import DiagnosticWarning
 
 
-# --------------------------------------------------------------------------- BLAS threads
-@pytest.fixture(autouse=False)
-def one_blas_thread():
-    """Run a test with one BLAS thread: the matrices here are small, and on a shared 2-core
-    machine OpenBLAS's thread pools oversubscribe the cores (a 101 x 101 triangular solve was
-    measured at 30 ms with the default pool against 0.4 ms with one thread)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - scikit-learn (a test dependency) brings it
-        yield
-        return
-    with threadpool_limits(1):
-        yield
-
-
 # --------------------------------------------------------------------------- MCMC statistics
 def ess(draws) -> float:
     """Bulk effective sample size (rank-normalized, arviz-stats) of draws shaped (chains, draws)

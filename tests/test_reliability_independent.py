@@ -26,7 +26,6 @@ import pytest
 from scipy import special
 
 from test_reliability_helpers import elliptical_slice, ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

@@ -22,7 +22,6 @@ import pytest
 
 import vbsvm
 from vbsvm.exceptions import DiagnosticWarning
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

@@ -42,7 +42,6 @@ from vbsvm.distributions import InverseGamma
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.selection import LaplaceZeroModel
 from test_reliability_helpers import sbc_rank, uniformity_pvalue
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

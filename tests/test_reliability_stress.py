@@ -23,7 +23,6 @@ from scipy import special
 import vbsvm
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
 from test_reliability_helpers import mean_z
-from test_reliability_helpers import one_blas_thread  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

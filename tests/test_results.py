@@ -268,9 +268,8 @@ def test_infinite_new_predictors_raise_naming_the_column(fits, grouped):
 
 # ------------------------------------------------------------------ text output (issue #14.7)
 @pytest.fixture(scope="module")
-def text_fits(fits):
+def text_fits(fits, toenail):
     """Every kind of fit whose summary has its own sections."""
-    toenail = vbsvm.datasets.load("toenail")
     sim = vbsvm.datasets.simulate_luts(100, 4, seed=2)
     incomplete = sim.copy()
     incomplete.loc[incomplete.index[:10], "x2"] = np.nan

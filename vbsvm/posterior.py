@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from .distributions import InverseWishart
+from .distributions import Bernoulli, InverseWishart
 
 __all__ = ["GaussianApproximation", "PosteriorDraws", "PosteriorMode", "SpikeSlabApproximation",
            "SelectionDraws", "posterior_of", "add_sparse_score"]
@@ -427,7 +427,7 @@ class SpikeSlabApproximation(GaussianApproximation):
                 noise = zs * np.sqrt(np.maximum(cond_var, 0.0))
             parts.append(ms + (dense - P["q_mean"][:qd]) @ K + noise)
         theta = np.concatenate(parts, axis=-1)
-        gamma = (rng.random((chains, draws, self.sel.size)) < P["q_gamma"]).astype(np.int8)
+        gamma = Bernoulli(P["q_gamma"]).sample(rng, (chains, draws)).astype(np.int8)
         theta[..., self.sel] *= gamma
         theta[..., :qd] = theta[..., :qd] @ self.to_original.T
         sig = np.empty((chains, draws, len(lay.variances)))

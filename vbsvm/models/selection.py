@@ -153,9 +153,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg.blas import dtrmm
 from scipy.linalg.lapack import dtrtri
-from scipy.special import expit, log_expit
+from scipy.special import expit
 
-from ..distributions import InverseGamma, InverseGaussian
+from ..distributions import Bernoulli, InverseGamma, InverseGaussian
 from ..exceptions import InputError, InputTypeError
 from . import hinge
 from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram, _spd_inverse
@@ -540,12 +540,9 @@ class LaplaceZeroModel:
         # variances
         value += float(np.sum(InverseGamma(self.A, self.B).expected_logpdf(qv) + qv.entropy()))
         # gamma: E log p(gamma) + H[q(gamma)]
-        eta = q["eta"]
-        g = expit(eta)
-        with np.errstate(invalid="ignore"):
-            t1 = g * (self.log_rho - log_expit(eta))
-            t0 = np.where(g < 1.0, (1.0 - g) * (self.log_1mrho - log_expit(-eta)), 0.0)
-        value += float(np.sum(t1 + t0))
+        q_gamma = Bernoulli.from_logit(q["eta"])
+        g = q_gamma.p
+        value += float(np.sum(g * self.log_rho + (1.0 - g) * self.log_1mrho + q_gamma.entropy()))
         return value + self.base.covariance_elbo(q.get("covariances", ()), q.get("scatters", ()))
 
     # ------------------------------------------------------------------ Gibbs (Appendix B)
