@@ -204,9 +204,7 @@ class ImputedFit(Fit):
     def _imp(self):
         """The imputation block's posterior object
         (:func:`vbsvm.imputation_posterior.imputation_posterior_of`)."""
-        if "imputation_posterior" not in self._cache:
-            self._cache["imputation_posterior"] = imputation_posterior_of(self)
-        return self._cache["imputation_posterior"]
+        return self._cached("imputation_posterior", imputation_posterior_of)
 
     def _imputation_draws(self):
         """Draws of ``x_missing`` (chain, draw, cell), ``mu`` (chain, draw, d) and ``Sigma``

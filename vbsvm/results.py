@@ -151,13 +151,18 @@ class Fit:
     def _level(self, level):
         return validation.level(self.settings.get("level", 0.95) if level is None else level)
 
+    def _cached(self, key, make):
+        """``make(self)``, computed once per fit (kept in ``_cache``, which a copy made with
+        :func:`dataclasses.replace` does not share)."""
+        if key not in self._cache:
+            self._cache[key] = make(self)
+        return self._cache[key]
+
     @property
     def _post(self):
         """The posterior as an object that does not depend on the method's arrays
         (:func:`vbsvm.posterior.posterior_of`)."""
-        if "posterior_object" not in self._cache:
-            self._cache["posterior_object"] = posterior_of(self)
-        return self._cache["posterior_object"]
+        return self._cached("posterior_object", posterior_of)
 
     def _theta_draws(self):
         return self._post.theta_draws()
