@@ -1,7 +1,9 @@
 """vbsvm: Bayesian support vector machines for statisticians.
 
-Formula in, fitted model out — fitted by mean-field variational Bayes (fast) or Gibbs sampling
-(the exact reference) on the Polson & Scott (2011) data augmentation of the hinge loss.
+Formula in, fitted model out — fitted by a fast approximation calibrated against the exact
+posterior (``method="vb"``: expectation propagation integrated over the variances; the paper's
+mean-field VB is ``method="meanfield"``) or by Gibbs sampling (the exact reference), on the
+Polson & Scott (2011) data augmentation of the hinge loss.
 
 >>> import vbsvm
 >>> fit = vbsvm.svm("y ~ time * terbinafine + (1 | patient_id)", data=vbsvm.datasets.load("toenail"))
