@@ -358,3 +358,13 @@ def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
             lambda orig: lambda self, th, f, s2, rng, *a: orig(self, th, f, s2 / 4, rng, *a))
     with pytest.raises(AssertionError):
         test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)
+
+
+def test_exact_check_detects_a_wrong_add_delete_move(monkeypatch):
+    """The Laplace-zero add/delete move without its proposal ratio (the t density of the added
+    coefficient against its prior) is rejected by the exact Laplace-zero check."""
+    from vbsvm.models.selection import LaplaceZeroModel
+
+    monkeypatch.setattr(LaplaceZeroModel, "flip_proposal_log_ratio", lambda self, v, loc, scale, sd: np.zeros_like(v))
+    with pytest.raises(AssertionError):
+        test_laplace_zero_one_term_with_intercept_exact(11, 1)

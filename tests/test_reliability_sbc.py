@@ -54,14 +54,17 @@ def known_weights(w):
     sweep's moves on the marginal pseudo-posterior (they target the hinge posterior with w
     integrated out, not the working-likelihood posterior given w that SBC checks here; they are
     checked exactly in test_reliability_exact.py and against independent samplers)."""
-    original, moves, swaps = hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves
+    original = (hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves,
+                LaplaceZeroModel.flip_moves)
     hinge.sample_inverse = lambda y, f, rng: np.array(w, copy=True)
     LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng, **kw: (theta, f, sigma2)
     LaplaceZeroModel.swap_moves = lambda self, theta, gamma, b, f, rng: (theta, gamma, b, f)
+    LaplaceZeroModel.flip_moves = lambda self, theta, gamma, b, s2u, f, flips, rng: (theta, gamma, f)
     try:
         yield
     finally:
-        hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves = original, moves, swaps
+        (hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves,
+         LaplaceZeroModel.flip_moves) = original
 
 
 def _check(name, ranks, L, bins):

@@ -328,12 +328,27 @@ def test_collapsed_indicator_logits_integrate_every_coefficient_out(small, group
         assert logits[i] == pytest.approx(np.log(0.3 / 0.7) + l1 - l0, rel=1e-8, abs=1e-8)
 
 
+def test_collapsed_conditional_moments_are_the_included_terms_gaussian(small):
+    """The moments that fit the add/delete proposals: term k's mean and variance given w and the
+    other indicators, as if k were in (a dense posterior with s_k = 1)."""
+    d, model, gamma0, a, tau = _collapsed_case(small, 0.5, 5)
+    gram = model.gram(1 / a)
+    draw = model.collapsed_indicators(gram, gamma0, tau)
+    for i, k in enumerate(model.sel):
+        g = gamma0.copy()
+        g[i] = 1.0
+        post = model.posterior(gram, model.scaling(g), tau)
+        assert draw.mean[i] == pytest.approx(post.mean[k], rel=1e-9, abs=1e-12)
+        assert draw.var[i] == pytest.approx(post.diag_cov()[k], rel=1e-9)
+
+
 def test_sequential_collapsed_draws_use_the_updated_indicators(small):
     """Each logit is the conditional given the indicators drawn before it (and the old ones after)."""
     d, model, gamma0, a, tau = _collapsed_case(small, 0.5, 5)
     gram = model.gram(1 / a)
     for seed in range(5):
-        new, logits = model.collapsed_indicators(gram, gamma0, tau, rng=np.random.default_rng(seed))
+        draw = model.collapsed_indicators(gram, gamma0, tau, rng=np.random.default_rng(seed))
+        new, logits = draw.gamma, draw.logits
         for i in range(model.m):
             g = np.concatenate([new[:i], gamma0[i:]])
             direct = model.collapsed_indicators(gram, g, tau)[1]

@@ -149,8 +149,10 @@ import copy
 import difflib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
+from scipy import stats
 from scipy.linalg.blas import dtrmm
 from scipy.linalg.lapack import dtrtri
 from scipy.special import expit
@@ -175,6 +177,17 @@ ETA_INIT = 10.0
 #: SQUAREM step length. The restriction is a restriction of the variational family, so each
 #: update is still the exact maximizer over it and the ELBO still never decreases.
 ETA_MAX = 30.0
+
+
+class IndicatorDraw(NamedTuple):
+    """Result of :meth:`LaplaceZeroModel.collapsed_indicators`: the indicators, the conditional
+    logits used, and the mean and variance of each term's coefficient given w and the other
+    indicators as if the term were in (its Gaussian conditional with the others integrated out)."""
+
+    gamma: np.ndarray
+    logits: np.ndarray
+    mean: np.ndarray
+    var: np.ndarray
 
 
 def _expit(x: float) -> float:
@@ -548,7 +561,10 @@ class LaplaceZeroModel:
     # ------------------------------------------------------------------ Gibbs (Appendix B)
     def gibbs_initial_state(self, rng):
         return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": np.ones(self.m),
-                "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs]}
+                "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs],
+                "flip_on": np.array(0.0), "flip_n": np.array(0.0), "flip_sum": np.zeros(self.m),
+                "flip_sq": np.zeros(self.m), "flip_loc": np.zeros(self.m), "flip_scale": np.ones(self.m),
+                "flip_cmean": np.zeros(self.m), "flip_cvar": np.ones(self.m)}
 
     def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
         r"""Draw the indicators one at a time with every coefficient integrated out given w.
@@ -574,10 +590,11 @@ class LaplaceZeroModel:
 
         Returns
         -------
-        gamma : ndarray (m,)
-        logits : ndarray (m,)
-            The conditional logits used (with ``rng=None`` nothing is drawn: the logits of every
-            k given the current others, a test device).
+        IndicatorDraw
+            ``gamma``; ``logits``, the conditional logits used (with ``rng=None`` nothing is drawn:
+            the logits of every k given the current others); ``mean``, ``var``, the conditional
+            moments of each term's coefficient as if included (what :meth:`gibbs_adapt` fits the
+            add/delete proposals of :meth:`flip_moves` to).
         """
         qd = self.qd
         full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
@@ -596,7 +613,7 @@ class LaplaceZeroModel:
         if rng is not None:
             u = rng.random(self.m)
             thresholds = np.log(u) - np.log1p(-u)
-        logits = np.empty(self.m)
+        logits, cmean, cvar = np.empty(self.m), np.empty(self.m), np.empty(self.m)
         for i, k in enumerate(self.sel.tolist()):
             if active[k]:  # the Schur complement of k in R_AA is 1 / [R_AA^{-1}]_kk
                 s_k = 1.0 / M[k, k]
@@ -606,6 +623,7 @@ class LaplaceZeroModel:
                 s_k = R[k, k] - R[:, k] @ u
                 c_k = h[k] - u @ h
             logits[i] = self.logit_rho + 0.5 * (math.log(tau[k]) - math.log(s_k)) + 0.5 * c_k * c_k / s_k
+            cmean[i], cvar[i] = c_k / s_k, 1.0 / s_k
             if thresholds is None:
                 continue
             new = logits[i] > thresholds[i]
@@ -621,7 +639,7 @@ class LaplaceZeroModel:
             active[k] = new
             gam[i] = float(new)
             Mh = M @ h
-        return gam, logits
+        return IndicatorDraw(gam, logits, cmean, cvar)
 
     def random_intercept_moves(self, theta, gamma, sigma2, rng):
         """The linear model's marginal moves of the random intercepts (augmentation weights
@@ -695,18 +713,99 @@ class LaplaceZeroModel:
         N(0, sigma_u^2 / b_k)``; see the module docstring)."""
         return InverseGaussian(math.sqrt(sigma2_u) / np.maximum(np.abs(v), 1e-300), 1.0)
 
+    #: the add/delete proposals are fitted over the first half of tuning, if it has this many sweeps
+    FLIP_MIN_SWEEPS = 25
+    #: degrees of freedom and scale inflation of the t proposal of an added term's coefficient
+    FLIP_DF, FLIP_INFLATE = 5.0, 1.5
+
+    def gibbs_adapt(self, state, it, tune):
+        """Called by the engine after each tuning sweep (never after tuning): over the first half
+        of tuning, collect the moments of each coefficient's conditional as if included (from
+        :meth:`collapsed_indicators`), then fix the add/delete proposals of :meth:`flip_moves`
+        (a t with their mixture's mean and an inflated sd) and switch the move on."""
+        half = tune // 2
+        if it >= half or half < self.FLIP_MIN_SWEEPS or "flip_n" not in state:
+            return state
+        state = dict(state)
+        state["flip_n"] = state["flip_n"] + 1.0
+        state["flip_sum"] = state["flip_sum"] + state["flip_cmean"]
+        state["flip_sq"] = state["flip_sq"] + state["flip_cmean"] ** 2 + state["flip_cvar"]
+        if it == half - 1:
+            n = float(state["flip_n"])
+            loc = state["flip_sum"] / n
+            state.update(flip_loc=loc, flip_on=np.array(1.0),
+                         flip_scale=self.FLIP_INFLATE * np.sqrt(np.maximum(state["flip_sq"] / n - loc ** 2, 1e-12)))
+        return state
+
+    def flip_moves(self, theta, gamma, b, sigma2_u, f, flips, rng):
+        r"""Metropolis-Hastings add/delete of every selectable term on the marginal
+        pseudo-posterior (augmentation weights integrated out), the others held; ``m`` proposals
+        in random order.
+
+        An included term k proposes ``gamma_k = 0`` with a new ``v_k`` from its prior
+        ``N(0, sigma_u^2 / b_k)`` (its full conditional when out); an excluded one proposes
+        ``gamma_k = 1`` with ``v_k`` from a t proposal fitted during tuning (:meth:`gibbs_adapt`,
+        fixed afterwards, so that it uses no w). The two are each other's reverse, and the ratio
+        for deleting is
+
+        .. math::
+
+            rac{L(f - x_k v_k)}{L(f)}\,rac{1 - 
+ho}{
+ho}\,
+            rac{q_k(v_k)}{N(v_k; 0, \sigma_u^2 / b_k)}, \qquad L(f) = e^{-2\sum_i (1 - y_i f_i)_+}
+
+        (the prior density of the new ``v_k`` cancels with its proposal; adding is the inverse).
+        Given w the collapsed indicator draw (:meth:`collapsed_indicators`) already integrates the
+        coefficients out, but w itself holds the fit with or without the term; this move does not
+        condition on w. Returns ``(theta, gamma, f)``; w must be drawn afresh after it.
+        """
+        theta, gamma = theta.copy(), gamma.copy()
+        X, y, sel = self.base.Cd, self.y, self.sel
+        loc, scale = flips["flip_loc"], flips["flip_scale"]
+        prior_sd = np.sqrt(sigma2_u / b)
+        v_in = loc + scale * rng.standard_t(self.FLIP_DF, self.m)  # used where gamma_k = 0
+        v_out = prior_sd * rng.standard_normal(self.m)  # used where gamma_k = 1
+        log_u = np.log(rng.random(self.m))
+        v = np.where(gamma == 1.0, theta[sel], v_in)  # the coefficient of the included state
+        # the deletion's ratio besides L (the addition's is its inverse)
+        log_delete = self.flip_proposal_log_ratio(v, loc, scale, prior_sd) + self.log_1mrho - self.log_rho
+        hinge_sum = float(np.maximum(0.0, 1.0 - y * f).sum())
+        for i in rng.permutation(self.m).tolist():
+            k = sel[i]
+            if gamma[i] == 1.0:
+                f_new = f - X[:, k] * theta[k]
+                v_new, sign = v_out[i], 1.0
+            else:
+                f_new = f + X[:, k] * v_in[i]
+                v_new, sign = v_in[i], -1.0
+            new_sum = float(np.maximum(0.0, 1.0 - y * f_new).sum())
+            if log_u[i] < -2.0 * (new_sum - hinge_sum) + sign * log_delete[i]:
+                theta[k], gamma[i], f, hinge_sum = v_new, 1.0 - gamma[i], f_new, new_sum
+        return theta, gamma, f
+
+    def flip_proposal_log_ratio(self, v, loc, scale, prior_sd):
+        """``log q_k(v) - log N(v; 0, prior_sd)``: the t proposal of an added coefficient against
+        its prior (see :meth:`flip_moves`)."""
+        return stats.t.logpdf(v, self.FLIP_DF, loc=loc, scale=scale) - stats.norm.logpdf(v, scale=prior_sd)
+
     def gibbs_sweep(self, state, rng):
         """gamma_k | w, rest one at a time with theta integrated out (:meth:`collapsed_indicators`);
         theta | gamma, w, rest; the random intercepts' marginal moves
         (:meth:`random_intercept_moves`); swaps of correlated terms (marginal, see
-        :meth:`swap_moves`); w | f; b | v, sigma_u; variances | rest."""
+        :meth:`swap_moves`); add/delete of each term (marginal, after tuning's first half, see
+        :meth:`flip_moves`); w | f; b | v, sigma_u; variances | rest."""
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         Lam = state.get("Lam", ())
-        gamma, _ = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
+        draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
+        gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
         theta, f = self.random_intercept_moves(theta, gamma, state["sigma2"], rng)
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
+        flips = {k: v for k, v in state.items() if k.startswith("flip_")}
+        if flips and flips["flip_on"]:
+            theta, gamma, f = self.flip_moves(theta, gamma, b, state["sigma2"][0], f, flips, rng)
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
         v = theta[self.sel]
@@ -715,10 +814,12 @@ class LaplaceZeroModel:
         sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
         # Sigma_k | b ~ IW(scale + sum_l b_l b_l^T, df + m) (the conjugate step of the linear model)
         Sigmas = [qc.sample(rng) for qc in self.base.covariance_posteriors(self.base.scatter_matrices(theta))]
+        if flips:
+            flips.update(flip_cmean=draw.mean, flip_cvar=draw.var)
         return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
                 "Lam": [_spd_inverse(S) for S in Sigmas],
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
-                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **flips}
 
 
 def selection_setup(design, settings, prior):
