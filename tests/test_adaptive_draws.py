@@ -209,3 +209,24 @@ def test_extended_fit_saves_and_loads(data, tmp_path):
     back = vbsvm.load(tmp_path / "fit.nc")
     np.testing.assert_array_equal(back.posterior["theta_draws"], fit.posterior["theta_draws"])
     assert back.info["extension_rounds"] == fit.info["extension_rounds"] and back.settings["max_draws"] == 60
+
+
+def test_gp_gibbs_is_extended_and_equals_the_longer_run():
+    """gpsvm(method="gibbs") extends its chains like the linear fits: the inducing values of
+    ``draws=40`` extended to 120 are those of a 120-draw run; the fit records the run length and
+    warns when the cap is reached short of the targets."""
+    rng = np.random.default_rng(2)
+    df = pd.DataFrame({"a": rng.normal(size=80), "b": rng.normal(size=80)})
+    df["cls"] = np.where(df.a - df.b + 0.5 * rng.normal(size=80) > 0, "yes", "no")
+    kw = dict(method="gibbs", n_inducing=8, optimize=False, tune=30, chains=2, seed=3, progress=False)
+    with pytest.warns(DiagnosticWarning, match=r"extended to max_draws=120 per chain.*the worst is u\["):
+        extended = vbsvm.gpsvm("cls ~ a + b", df, draws=40, max_draws=120, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        whole = vbsvm.gpsvm("cls ~ a + b", df, draws=120, max_draws=120, **kw)
+    np.testing.assert_array_equal(extended.gibbs_draws, whole.gibbs_draws)
+    assert extended.settings["draws_requested"] == 40 and extended.settings["draws"] == 120
+    assert extended.settings["draws_extended"] and not whole.settings["draws_extended"]
+    assert "2 chains x 120 draws" in str(extended.summary())
+    with pytest.raises(InputError, match="max_draws must be at least draws"):
+        vbsvm.gpsvm("cls ~ a + b", df, draws=40, max_draws=20, **kw)

@@ -26,12 +26,14 @@ from scipy.linalg import cho_factor, cho_solve
 from vbsvm import validation
 from vbsvm.design import design_from_text, design_to_text
 from vbsvm.exceptions import InputError
+from vbsvm.inference.dispatch import record_run_length
 from vbsvm.inference.gibbs import run_chains
 from vbsvm.inference.svi import ArrayBatches, FitState, StreamBatches, fit_svi
 from vbsvm.inference.threads import limit_blas
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.gp import (InducingGP, Kernel, SparseGPSVM, WhitenedGaussian, kernel_from_dict,
                              make_kernel, predictive_prob, sample_rows, select_inducing)
+from vbsvm.results import diagnostics_table, warn_unconverged
 
 __all__ = ["gpsvm", "fit_gp", "fit_batch", "gibbs_sparse", "GPFit"]
 
@@ -86,12 +88,14 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
 
 
 def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, thin=1, seed=None,
-                 progress=False, n_jobs=1):
+                 progress=False, n_jobs=1, max_draws=None):
     """Gibbs sampling of the sparse-GP SVM (bound model) with
     :func:`vbsvm.inference.gibbs.run_chains` on :class:`vbsvm.models.gp.SparseGPSVM`.
 
     Chain seeds are spawned from ``numpy.random.SeedSequence(seed)``; results do not depend on
-    ``n_jobs``.
+    ``n_jobs``. Like the linear fits, the chains are extended (up to ``max_draws`` per chain,
+    default ``4 * draws``; ``max_draws=draws`` switches it off) until the inducing values ``u``
+    reach R-hat <= 1.01 and bulk ESS >= 400 (see :func:`vbsvm.inference.gibbs.run_chains`).
 
     Returns
     -------
@@ -102,7 +106,8 @@ def gibbs_sparse(blocks: InducingGP, X, y, *, draws=1000, tune=500, chains=4, th
     """
     model = SparseGPSVM(blocks, X, y)
     res = run_chains(model, draws=draws, tune=tune, chains=chains, thin=thin, seed=seed,
-                     record=("v",), progress=progress, n_jobs=n_jobs)
+                     record=("v",), progress=progress, n_jobs=n_jobs, max_draws=max_draws,
+                     monitor=lambda d: diagnostics_table(inducing_values(d["v"], blocks)))
     return res.draws["v"], res
 
 
@@ -113,7 +118,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
            method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
            bias=True, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
            jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=False, seed=None,
-           n_obs=None, feature_names=None, monitor_size=2000, learn=None, n_jobs=1, _design=None,
+           n_obs=None, feature_names=None, monitor_size=2000, learn=None, n_jobs=1, max_draws=None, _design=None,
            _formula=None):
     """Fit the sparse-GP SVM on arrays (or a stream); see :func:`gpsvm` for the arguments.
 
@@ -127,6 +132,9 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     chains = validation.integer(chains, "chains")
     thin = validation.integer(thin, "thin")
     n_jobs = validation.integer(n_jobs, "n_jobs")
+    if max_draws is not None and validation.integer(max_draws, "max_draws") < draws:
+        raise InputError(f"max_draws must be at least draws = {draws} (max_draws=draws switches the extension "
+                         f"of Gibbs runs off); got {max_draws}.")
     tune = validation.integer(tune, "tune", minimum=0)
     rng = np.random.default_rng(seed)
     dask_source = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.dask_backend.DaskBatches
@@ -225,7 +233,11 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                                optimize=True, optimize_inducing=optimize_inducing,
                                hyper_mask=mask)
             v, res = gibbs_sparse(blocks, X, y, draws=draws, tune=tune, chains=chains, thin=thin,
-                                  seed=rng.integers(2**63), progress=progress, n_jobs=n_jobs)
+                                  seed=rng.integers(2**63), progress=progress, n_jobs=n_jobs,
+                                  max_draws=max_draws)
+            run = {}
+            record_run_length(run, res)
+            draws = int(res.n_draws)
             st = FitState(q=_gaussian_of_draws(v), blocks=blocks,
                           elbo=st.elbo if st else np.zeros(0),
                           elbo_iter=st.elbo_iter if st else np.zeros(0, int),
@@ -233,12 +245,24 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                           n_iter=chains * (tune + draws * thin), converged=True,
                           seconds=res.seconds + (st.seconds if st else 0.0), method="gibbs")
             gibbs = v
+            warn_unconverged(diagnostics_table(inducing_values(v, blocks)), draws, run, stacklevel=4)
     return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
                  formula=_formula, gibbs_draws=gibbs, settings=dict(
                      kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
                      batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
-                     draws=draws, tune=tune, chains=chains, thin=thin, n_jobs=n_jobs,
-                     streaming=streaming))
+                     tune=tune, chains=chains, thin=thin, n_jobs=n_jobs, streaming=streaming,
+                     **({"draws": draws} if gibbs is None else run)))
+
+
+def inducing_values(v, blocks):
+    """Dataset with the inducing values ``u = L v`` (chain, draw, inducing) of whitened draws
+    ``v`` (chain, draw, m): what the GP's Gibbs diagnostics are about."""
+    import xarray as xr
+
+    U = v @ blocks.L.T
+    return xr.Dataset({"u": (("chain", "draw", "inducing"), U)},
+                      coords={"chain": np.arange(U.shape[0]), "draw": np.arange(U.shape[1]),
+                              "inducing": np.arange(blocks.m)})
 
 
 def _gaussian_of_draws(v) -> WhitenedGaussian:
@@ -256,7 +280,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
           method="svi", optimize=True, optimize_inducing=False, lengthscale=None, variance=1.0,
           bias=None, max_iter=None, tol=None, step="adaptive", hyper_every=10, hyper_lr=0.1,
           jitter=1e-6, draws=1000, tune=500, chains=4, thin=1, progress=True, seed=None,
-          n_obs=None, standardize=True, missing="drop", learn=None, n_jobs=1):
+          n_obs=None, standardize=True, missing="drop", learn=None, n_jobs=1, max_draws=None):
     """Nonlinear Bayesian SVM with a (sparse) Gaussian process (Wenzel et al. 2017).
 
     Parameters
@@ -310,6 +334,10 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         ``progress=True``, as in :func:`vbsvm.svm`, shows a tqdm bar, which only the samplers draw).
     n_jobs : int
         Gibbs: worker processes for the chains (results do not depend on it).
+    max_draws : int, optional
+        Gibbs: the chains are extended from where they stopped until the inducing values reach
+        R-hat <= 1.01 and bulk ESS >= 400, up to ``max_draws`` per chain (default ``4 * draws``;
+        ``max_draws=draws`` switches this off); the fit warns if they do not.
     seed : int or None
         Same seed, same fit.
     n_obs : int, optional
@@ -360,7 +388,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
                  bias=bias, max_iter=max_iter, tol=tol, step=step, hyper_every=hyper_every,
                  hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
                  thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
-                 learn=learn, n_jobs=n_jobs, _design=design, _formula=formula)
+                 learn=learn, n_jobs=n_jobs, max_draws=max_draws, _design=design, _formula=formula)
     return fit
 
 
@@ -531,12 +559,7 @@ class GPFit:
     def _posterior_dataset(self, V=None):
         """Dataset with ``u`` (chain, draw, inducing) from the draws ``V`` of v (default
         :meth:`draws`)."""
-        import xarray as xr
-
-        U = (self.draws() if V is None else V) @ self.blocks.L.T
-        return xr.Dataset({"u": (("chain", "draw", "inducing"), U)},
-                          coords={"chain": np.arange(U.shape[0]), "draw": np.arange(U.shape[1]),
-                                  "inducing": np.arange(self.n_inducing)})
+        return inducing_values(self.draws() if V is None else V, self.blocks)
 
     def diagnostics(self):
         """Gibbs fits: R-hat (rank-normalized), bulk/tail ESS and MCSE of every inducing value
@@ -544,8 +567,6 @@ class GPFit:
         code path of the linear Gibbs fits; None for VB/SVI fits."""
         if self.gibbs_draws is None:
             return None
-        from vbsvm.results import diagnostics_table
-
         return diagnostics_table(self._posterior_dataset())
 
     # -- predictions -------------------------------------------------------------------------

@@ -249,37 +249,11 @@ class Fit:
         return self._cache["summary_diagnostics"].copy()
 
     def _warn_diagnostics(self):
-        """Warn if the summary parameters miss R-hat <= 1.01 or bulk ESS >= 400, naming the worst
-        one and the draws per chain that would reach the targets."""
-        from .inference.gibbs import ESS_TARGET, RHAT_TARGET
-
+        """Warn if the summary parameters miss R-hat <= 1.01 or bulk ESS >= 400 (see
+        :func:`warn_unconverged`)."""
         diag = self.summary_diagnostics()
-        if diag is None:
-            return
-        bad_r = diag.index[diag["r_hat"] > RHAT_TARGET].tolist()
-        bad_e = diag.index[diag["ess_bulk"] < ESS_TARGET].tolist()
-        if bad_r or bad_e:
-            worst = diag["ess_bulk"].idxmin() if bad_e else diag["r_hat"].idxmax()
-            ess = max(float(diag.loc[worst, "ess_bulk"]), 1.0)
-            rhat = float(diag.loc[worst, "r_hat"])
-            draws = int(self.posterior["theta_draws"].shape[1])
-            # ESS grows about linearly with the draws once the chains have mixed; R-hat - 1 like 1 / ESS
-            factor = max(ESS_TARGET / ess, (rhat - 1.0) / (RHAT_TARGET - 1.0))
-            needed = int(math.ceil(draws * factor / 100.0) * 100)
-            capped = self.info.get("max_draws")
-            extended = (f"the run was extended to max_draws={capped} per chain, too few; " if capped and
-                        self.info.get("draws_extended") and draws >= capped else "")
-            warnings.warn(
-                "Gibbs diagnostics: "
-                + (f"R-hat > {RHAT_TARGET} for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
-                + (f"bulk ESS < {ESS_TARGET} for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
-                + extended
-                + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {rhat:.3f} from {draws} draws per chain): "
-                f"about draws={needed} per chain (and tune at least as long) would reach the targets — run "
-                "longer chains (or pass a larger max_draws) before trusting intervals.",
-                DiagnosticWarning,
-                stacklevel=4,
-            )
+        if diag is not None:
+            warn_unconverged(diag, int(self.posterior["theta_draws"].shape[1]), self.info, stacklevel=5)
 
     # ------------------------------------------------------------------ prediction
     def _new_rows(self, newdata, allow_missing=False, new_levels="zero"):
@@ -573,6 +547,39 @@ class Fit:
         check_rebuilt(design, layout, dt["observed_data"]["y"].values)
         posterior = {k: internal[k].values for k in internal.data_vars}
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+
+
+def warn_unconverged(diag, draws, info, stacklevel=2):
+    """Warn (:class:`~vbsvm.exceptions.DiagnosticWarning`) if the diagnostics ``diag`` (columns
+    ``r_hat``, ``ess_bulk``) miss R-hat <= 1.01 or bulk ESS >= 400, naming the worst parameter and
+    the draws per chain that would reach the targets; ``draws`` are the draws per chain kept and
+    ``info`` the fit's run-length record (``max_draws``, ``draws_extended``)."""
+    from .inference.gibbs import ESS_TARGET, RHAT_TARGET
+
+    bad_r = diag.index[diag["r_hat"] > RHAT_TARGET].tolist()
+    bad_e = diag.index[diag["ess_bulk"] < ESS_TARGET].tolist()
+    if not (bad_r or bad_e):
+        return
+    worst = diag["ess_bulk"].idxmin() if bad_e else diag["r_hat"].idxmax()
+    ess = max(float(diag.loc[worst, "ess_bulk"]), 1.0)
+    rhat = float(diag.loc[worst, "r_hat"])
+    # ESS grows about linearly with the draws once the chains have mixed; R-hat - 1 like 1 / ESS
+    factor = max(ESS_TARGET / ess, (rhat - 1.0) / (RHAT_TARGET - 1.0))
+    needed = int(math.ceil(draws * factor / 100.0) * 100)
+    capped = info.get("max_draws")
+    extended = (f"the run was extended to max_draws={capped} per chain, too few; " if capped and
+                info.get("draws_extended") and draws >= capped else "")
+    warnings.warn(
+        "Gibbs diagnostics: "
+        + (f"R-hat > {RHAT_TARGET} for {bad_r[:5]}{' ...' if len(bad_r) > 5 else ''}; " if bad_r else "")
+        + (f"bulk ESS < {ESS_TARGET} for {bad_e[:5]}{' ...' if len(bad_e) > 5 else ''}; " if bad_e else "")
+        + extended
+        + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {rhat:.3f} from {draws} draws per chain): "
+        f"about draws={needed} per chain (and tune at least as long) would reach the targets — run "
+        "longer chains (or pass a larger max_draws) before trusting intervals.",
+        DiagnosticWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def is_summary_variable(name: str) -> bool:
