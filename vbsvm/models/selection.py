@@ -182,12 +182,15 @@ ETA_MAX = 30.0
 class IndicatorDraw(NamedTuple):
     """Result of :meth:`LaplaceZeroModel.collapsed_indicators`: the indicators, the conditional
     logits used, and the mean and variance of each term's coefficient given w and the other
-    indicators as if the term were in (its Gaussian conditional with the others integrated out)."""
+    indicators as if the term were in (its Gaussian conditional with the others integrated out), and
+    the regression ``c_k`` (rows; dense coordinates) of the other active coefficients on it:
+    ``E[theta_A | theta_k] = const - c_k theta_k``."""
 
     gamma: np.ndarray
     logits: np.ndarray
     mean: np.ndarray
     var: np.ndarray
+    coupling: np.ndarray
 
 
 def _expit(x: float) -> float:
@@ -564,7 +567,9 @@ class LaplaceZeroModel:
                 "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs],
                 "flip_on": np.array(0.0), "flip_n": np.array(0.0), "flip_sum": np.zeros(self.m),
                 "flip_sq": np.zeros(self.m), "flip_loc": np.zeros(self.m), "flip_scale": np.ones(self.m),
-                "flip_cmean": np.zeros(self.m), "flip_cvar": np.ones(self.m)}
+                "flip_cmean": np.zeros(self.m), "flip_cvar": np.ones(self.m),
+                "flip_coupling": np.zeros((self.m, self.qd)), "flip_csum": np.zeros((self.m, self.qd)),
+                "flip_shift": np.zeros((self.m, self.qd))}
 
     def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
         r"""Draw the indicators one at a time with every coefficient integrated out given w.
@@ -593,8 +598,9 @@ class LaplaceZeroModel:
         IndicatorDraw
             ``gamma``; ``logits``, the conditional logits used (with ``rng=None`` nothing is drawn:
             the logits of every k given the current others); ``mean``, ``var``, the conditional
-            moments of each term's coefficient as if included (what :meth:`gibbs_adapt` fits the
-            add/delete proposals of :meth:`flip_moves` to).
+            moments of each term's coefficient as if included and ``coupling``, the regression of
+            the other active coefficients on it (what :meth:`gibbs_adapt` fits the add/delete
+            proposals of :meth:`flip_moves` to).
         """
         qd = self.qd
         full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
@@ -614,14 +620,18 @@ class LaplaceZeroModel:
             u = rng.random(self.m)
             thresholds = np.log(u) - np.log1p(-u)
         logits, cmean, cvar = np.empty(self.m), np.empty(self.m), np.empty(self.m)
+        coupling = np.zeros((self.m, qd))
         for i, k in enumerate(self.sel.tolist()):
             if active[k]:  # the Schur complement of k in R_AA is 1 / [R_AA^{-1}]_kk
                 s_k = 1.0 / M[k, k]
                 c_k = Mh[k] * s_k
+                coupling[i] = -M[:, k] * s_k  # R_{A-k}^{-1} R_{A-k,k} from the block inverse
+                coupling[i, k] = 0.0
             else:
                 u = M @ R[:, k]
                 s_k = R[k, k] - R[:, k] @ u
                 c_k = h[k] - u @ h
+                coupling[i] = u
             logits[i] = self.logit_rho + 0.5 * (math.log(tau[k]) - math.log(s_k)) + 0.5 * c_k * c_k / s_k
             cmean[i], cvar[i] = c_k / s_k, 1.0 / s_k
             if thresholds is None:
@@ -639,7 +649,7 @@ class LaplaceZeroModel:
             active[k] = new
             gam[i] = float(new)
             Mh = M @ h
-        return IndicatorDraw(gam, logits, cmean, cvar)
+        return IndicatorDraw(gam, logits, cmean, cvar, coupling)
 
     def random_intercept_moves(self, theta, gamma, sigma2, rng):
         """The linear model's marginal moves of the random intercepts (augmentation weights
@@ -730,58 +740,69 @@ class LaplaceZeroModel:
         state["flip_n"] = state["flip_n"] + 1.0
         state["flip_sum"] = state["flip_sum"] + state["flip_cmean"]
         state["flip_sq"] = state["flip_sq"] + state["flip_cmean"] ** 2 + state["flip_cvar"]
+        state["flip_csum"] = state["flip_csum"] + state["flip_coupling"]
         if it == half - 1:
             n = float(state["flip_n"])
             loc = state["flip_sum"] / n
-            state.update(flip_loc=loc, flip_on=np.array(1.0),
+            shift = state["flip_csum"] / n
+            shift[:, self.base.p:] = 0.0  # only fixed effects and selectable terms are shifted
+            state.update(flip_loc=loc, flip_on=np.array(1.0), flip_shift=shift,
                          flip_scale=self.FLIP_INFLATE * np.sqrt(np.maximum(state["flip_sq"] / n - loc ** 2, 1e-12)))
         return state
 
-    def flip_moves(self, theta, gamma, b, sigma2_u, f, flips, rng):
+    def flip_moves(self, theta, gamma, b, sigma2, f, flips, rng):
         r"""Metropolis-Hastings add/delete of every selectable term on the marginal
-        pseudo-posterior (augmentation weights integrated out), the others held; ``m`` proposals
-        in random order.
+        pseudo-posterior (augmentation weights integrated out); ``m`` proposals in random order.
 
-        An included term k proposes ``gamma_k = 0`` with a new ``v_k`` from its prior
-        ``N(0, sigma_u^2 / b_k)`` (its full conditional when out); an excluded one proposes
-        ``gamma_k = 1`` with ``v_k`` from a t proposal fitted during tuning (:meth:`gibbs_adapt`,
-        fixed afterwards, so that it uses no w). The two are each other's reverse, and the ratio
-        for deleting is
+        An excluded term k proposes ``gamma_k = 1`` with ``v_k`` from a t proposal ``q_k`` and
+        shifts the other active fixed effects and terms by ``-c_k v_k``, where ``c_k`` is their
+        average regression on k (so that, e.g., a main effect gives up what its interaction
+        takes over); an included term proposes ``gamma_k = 0``, shifts them back by ``+c_k v_k``
+        and draws ``v_k`` from its prior ``N(0, sigma_u^2 / b_k)`` (its full conditional when
+        out). ``q_k`` and ``c_k`` are fitted during tuning (:meth:`gibbs_adapt`) and fixed
+        afterwards, so that the move uses no w; ``c_k`` is used on the coordinates active
+        besides k, which the move does not change. Adding and deleting are each other's reverse,
+        the shift has unit Jacobian, and the ratio for deleting is
 
         .. math::
 
-            rac{L(f - x_k v_k)}{L(f)}\,rac{1 - 
-ho}{
-ho}\,
-            rac{q_k(v_k)}{N(v_k; 0, \sigma_u^2 / b_k)}, \qquad L(f) = e^{-2\sum_i (1 - y_i f_i)_+}
+            \frac{L(f')}{L(f)}\,\frac{p(\theta'_A)}{p(\theta_A)}\,\frac{1 - \rho}{\rho}\,
+            \frac{q_k(v_k)}{N(v_k; 0, \sigma_u^2 / b_k)}, \qquad L(f) = e^{-2\sum_i (1 - y_i f_i)_+}
 
-        (the prior density of the new ``v_k`` cancels with its proposal; adding is the inverse).
-        Given w the collapsed indicator draw (:meth:`collapsed_indicators`) already integrates the
-        coefficients out, but w itself holds the fit with or without the term; this move does not
-        condition on w. Returns ``(theta, gamma, f)``; w must be drawn afresh after it.
+        with ``p(theta_A)`` the Gaussian prior of the shifted coefficients (the prior density of
+        the new ``v_k`` cancels with its proposal; adding is the inverse). Given w the collapsed
+        indicator draw (:meth:`collapsed_indicators`) already integrates the coefficients out,
+        but w itself holds the fit with or without the term; this move does not condition on w.
+        Returns ``(theta, gamma, f)``; w must be drawn afresh after it.
         """
         theta, gamma = theta.copy(), gamma.copy()
-        X, y, sel = self.base.Cd, self.y, self.sel
-        loc, scale = flips["flip_loc"], flips["flip_scale"]
-        prior_sd = np.sqrt(sigma2_u / b)
+        X, y, sel, p = self.base.Cd, self.y, self.sel, self.base.p
+        loc, scale, shift = flips["flip_loc"], flips["flip_scale"], flips["flip_shift"]
+        tau = self.prior_precision(1.0 / np.asarray(sigma2), b)[:p]
+        prior_sd = np.sqrt(sigma2[0] / b)
         v_in = loc + scale * rng.standard_t(self.FLIP_DF, self.m)  # used where gamma_k = 0
         v_out = prior_sd * rng.standard_normal(self.m)  # used where gamma_k = 1
         log_u = np.log(rng.random(self.m))
         v = np.where(gamma == 1.0, theta[sel], v_in)  # the coefficient of the included state
-        # the deletion's ratio besides L (the addition's is its inverse)
+        # the deletion's ratio besides L and the shifted coefficients' prior (adding: its inverse)
         log_delete = self.flip_proposal_log_ratio(v, loc, scale, prior_sd) + self.log_1mrho - self.log_rho
+        active = np.ones(p, dtype=bool)
         hinge_sum = float(np.maximum(0.0, 1.0 - y * f).sum())
         for i in rng.permutation(self.m).tolist():
             k = sel[i]
-            if gamma[i] == 1.0:
-                f_new = f - X[:, k] * theta[k]
-                v_new, sign = v_out[i], 1.0
-            else:
-                f_new = f + X[:, k] * v_in[i]
-                v_new, sign = v_in[i], -1.0
+            active[sel] = gamma == 1.0
+            active[k] = False
+            c = np.where(active, shift[i, :p], 0.0)
+            sign = 1.0 if gamma[i] == 1.0 else -1.0  # +1: delete, -1: add
+            old = theta[:p]
+            new = old + sign * c * v[i]  # deleting adds c v_k back, adding takes c v_k off
+            f_new = f + X[:, :p] @ (new - old) - sign * X[:, k] * v[i]
             new_sum = float(np.maximum(0.0, 1.0 - y * f_new).sum())
-            if log_u[i] < -2.0 * (new_sum - hinge_sum) + sign * log_delete[i]:
-                theta[k], gamma[i], f, hinge_sum = v_new, 1.0 - gamma[i], f_new, new_sum
+            log_prior = -0.5 * float(np.sum(tau * (new * new - old * old)))
+            if log_u[i] < -2.0 * (new_sum - hinge_sum) + log_prior + sign * log_delete[i]:
+                theta[:p] = new
+                theta[k] = v_out[i] if sign > 0 else v_in[i]
+                gamma[i], f, hinge_sum = 1.0 - gamma[i], f_new, new_sum
         return theta, gamma, f
 
     def flip_proposal_log_ratio(self, v, loc, scale, prior_sd):
@@ -805,7 +826,7 @@ ho}\,
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
-            theta, gamma, f = self.flip_moves(theta, gamma, b, state["sigma2"][0], f, flips, rng)
+            theta, gamma, f = self.flip_moves(theta, gamma, b, state["sigma2"], f, flips, rng)
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
         v = theta[self.sel]
@@ -815,7 +836,7 @@ ho}\,
         # Sigma_k | b ~ IW(scale + sum_l b_l b_l^T, df + m) (the conjugate step of the linear model)
         Sigmas = [qc.sample(rng) for qc in self.base.covariance_posteriors(self.base.scatter_matrices(theta))]
         if flips:
-            flips.update(flip_cmean=draw.mean, flip_cvar=draw.var)
+            flips.update(flip_cmean=draw.mean, flip_cvar=draw.var, flip_coupling=draw.coupling)
         return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
                 "Lam": [_spd_inverse(S) for S in Sigmas],
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
