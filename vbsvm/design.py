@@ -530,6 +530,20 @@ def _categorical_calls(formula: str) -> list:
     return [m.strip("`") for m in re.findall(r"(?<![\w.])C\(\s*(`[^`]+`|[A-Za-z_][\w.]*)", formula)]
 
 
+def _select_columns(data: pd.DataFrame, columns) -> pd.DataFrame:
+    """The ``columns`` of ``data``, in that order, independent of ``data`` from here on.
+
+    With copy-on-write (pandas >= 3, or enabled in pandas 2) a frame of the column Series, not
+    consolidated, shares their memory until either side is modified, when pandas copies what
+    changes: so the design's model matrix is the only n x p copy of the data (``data[columns]``
+    copies a consolidated block when it reorders its columns). Without copy-on-write the columns
+    are copied."""
+    cow = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
+    if cow and data.columns.is_unique:
+        return pd.DataFrame({c: data[c] for c in columns}, copy=False)
+    return data[columns]
+
+
 def _check_column_types(frame: pd.DataFrame, columns) -> None:
     """Dates and durations are not predictors as they stand: say which columns and how to convert."""
     bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(frame[c])
@@ -648,9 +662,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     fixed_vars = [v for v in needed_vars if v != response and v not in re_vars]
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
-    # a selection, not a copy: with copy-on-write (pandas >= 3) it shares the user's columns until
-    # either side is modified, so the design below is the only n x p copy of the data
-    raw = data[used]
+    raw = _select_columns(data, used)
     raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
     _check_column_types(raw, [v for v in needed_vars if v != response])
 
