@@ -45,8 +45,6 @@ __all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "
 #: exactly on the margin (1 - y f = 0 and no posterior variance, e.g. in MAP/EM iterations).
 CHI_FLOOR = 1e-12
 
-_LOG_2PI = float(np.log(2.0 * np.pi))
-
 
 def update_chi(y, mean_f, var_f):
     """Optimal ``chi_i = (1 - y_i m_i)^2 + v_i`` of q(a_i), clipped below at :data:`CHI_FLOOR`
@@ -83,30 +81,27 @@ def elbo(y, mean_f, var_f, chi, block=2 ** 16):
 
     With ``log q(a) = -log a / 2 - (a + chi / a) / 2 - log Z(chi)`` the terms in ``log a`` and ``a``
     cancel against those of ``log p(y, a | f)``, leaving
-    ``-log(2 pi) / 2 - (1 - y m) + (chi - T) E_q[1/a] / 2 + log Z(chi)``, with
-    ``log Z(chi) = log(2 pi) / 2 - sqrt(chi)`` for GIG(1/2, 1, chi): no ``E[log a]`` (an exponential
-    integral) is needed. Summed by blocks of ``block`` rows, so that its temporaries stay small."""
+    ``-log(2 pi) / 2 - (1 - y m) + (chi - T) E_q[1/a] / 2 + log Z(chi)``: no ``E[log a]`` (an
+    exponential integral) is needed. With ``E_q[1/a] = chi^(-1/2)`` and
+    ``log Z(chi) = log(2 pi) / 2 - sqrt(chi)`` for GIG(1/2, 1, chi) this is
+    ``-(1 - y m) - (chi + T) / (2 sqrt(chi))``, summed by blocks of ``block`` rows so that its
+    temporaries stay small."""
     args = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=float)) for a in (y, mean_f, var_f, chi)))
     n = args[0].shape[0]
-    return float(sum(_elbo_terms(*(a[s:s + block] for a in args)).sum() for s in range(0, n, block)))
+    return -float(sum(_negative_elbo_terms(*(a[s:s + block] for a in args)).sum() for s in range(0, n, block)))
 
 
-def _elbo_terms(y, mean_f, var_f, chi):
-    """The terms of :func:`elbo`, row by row (in place: three temporaries of the rows' size)."""
-    half_log_2pi = 0.5 * _LOG_2PI
+def _negative_elbo_terms(y, mean_f, var_f, chi):
+    """``(1 - y m) + (chi + T) / (2 sqrt(chi))`` row by row, in place (two temporaries)."""
     gap = y * mean_f
     np.subtract(1.0, gap, out=gap)
     part = np.square(gap)
-    part += var_f
-    np.subtract(chi, part, out=part)
+    part += var_f  # T
+    part += chi
+    part /= np.sqrt(chi)
     part *= 0.5
-    part *= expected_inverse(chi)  # 0.5 (chi - T) E_q[1/a]
-    np.subtract(-half_log_2pi, gap, out=gap)
-    gap += part
-    np.sqrt(chi, out=part)
-    np.subtract(half_log_2pi, part, out=part)  # log Z(chi)
-    gap += part
-    return gap
+    part += gap
+    return part
 
 
 def sample_inverse(y, f, rng):
