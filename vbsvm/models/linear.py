@@ -371,14 +371,16 @@ class CoefficientPosterior:
     def _dense_predictor(self):
         """Mean and variance of the scores without an eliminated term: one product per block of
         rows, ``[L^{-1}; mu'] C_rows'`` ((q_d + 1) x rows: this shape is ~1.5x faster than
-        ``C L^{-T}``), whose last row is the mean and whose other rows' squares sum to the variance."""
+        ``C L^{-T}``), whose last row is the mean and whose other rows' squares sum to the variance
+        (squared in place and summed by a product with ones, faster than a strided reduction)."""
         m = self.model
         loadings = np.vstack([self.Linv, self.mean_dense])
+        ones = np.ones(m.qd)
         mean, var = np.empty(m.n), np.empty(m.n)
         for rows in row_blocks(m.n, m.qd + 1):
             V = loadings @ m.Cd[rows].T
             mean[rows] = V[-1]
-            var[rows] = np.einsum("ji,ji->i", V[:-1], V[:-1])
+            np.dot(ones, np.square(V[:-1], out=V[:-1]), out=var[rows])
         return mean, var
 
     def sample(self, rng) -> np.ndarray:
