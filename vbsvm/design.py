@@ -159,10 +159,12 @@ class Design:
     n_dropped : int
         Rows removed for missing values (``missing="drop"``).
     missing_mask : numpy.ndarray of bool
-        Shape (n, p): which entries of ``X`` are missing (all False unless ``"impute"``).
+        Shape (n, p): which entries of ``X`` are missing (all False unless ``"impute"``; without
+        a missing entry a read-only view of one False, not n x p booleans).
     raw : pandas.DataFrame
         The raw columns the formula uses, rows as used; kept so that a saved fit can
-        rebuild this design exactly.
+        rebuild this design exactly. Under copy-on-write it shares the data's memory until either
+        is modified (see :func:`_select_columns`).
     """
 
     formula: str
