@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -657,6 +656,10 @@ class LinearSVMModel:
         # (f is unchanged): their variance index and coordinates, for the Gibbs location move
         self.intercept = intercept if intercept is not None and np.isfinite(fixed_precision[intercept]) else None
         self._tau0 = None if self.intercept is None else float(fixed_precision[self.intercept])
+        # Gibbs slice widths 3 / ||x_j||, from the design as built (models that fill in missing
+        # entries change Cd later); column by column, so that no squared copy of it is formed
+        X = self.Cd[:, :p]
+        self._fixed_width = 3.0 / np.maximum([np.sqrt(np.add.reduce(X[:, j] * X[:, j])) for j in range(p)], 1e-12)
         # the independence move's block: the fixed effects and the log of each variance that governs
         # fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
         self._imh_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p], dtype=int)
@@ -673,14 +676,6 @@ class LinearSVMModel:
             self._diagonal_prior[c.index.ravel()] = False
         #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
         self.blas_work = float(n) * self.qd ** 2
-
-    @cached_property
-    def _fixed_width(self) -> np.ndarray:
-        """Slice width of each fixed effect's coordinate move, ``3 / ||x_j||`` (Gibbs only; column by
-        column, so that no squared copy of the design is formed)."""
-        X = self.Cd[:, : self.p]
-        norms = np.array([np.sqrt(np.add.reduce(X[:, j] * X[:, j])) for j in range(self.p)])
-        return 3.0 / np.maximum(norms, 1e-12)
 
     @classmethod
     def from_design(cls, design, settings) -> "LinearSVMModel":
