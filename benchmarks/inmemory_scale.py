@@ -23,7 +23,7 @@ measured separately and tabulated together).
 Usage::
 
     python benchmarks/inmemory_scale.py --label after
-    python benchmarks/inmemory_scale.py --label before --src /tmp/vbsvm-main
+    python benchmarks/inmemory_scale.py --label before --src /tmp/vbsvm-main --note "main before the change"
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def main():
     ap.add_argument("--rows", type=float, nargs="+", default=[1e5, 1e6])
     ap.add_argument("--methods", nargs="+", default=["meanfield", "vb"])
     ap.add_argument("--label", default="after")
+    ap.add_argument("--note", default="", help="what the label measures (e.g. the commit), kept in the results")
     ap.add_argument("--src", type=Path, default=HERE.parent, help="checkout of vbsvm to measure")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "inmemory_scale")
     ap.add_argument("--measure", choices=["memory", "time"], help=argparse.SUPPRESS)
@@ -160,19 +161,25 @@ def main():
     commit = subprocess.run(["git", "-C", str(args.src), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     for r in results:
-        r["commit"] = commit or None
-    results = kept + results
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"results": results, "cpu_count": os.cpu_count()}, indent=1))
+        r["commit"], r["source"] = commit or None, args.note or str(args.src)
+    write(args.out, kept + results)
+
+
+def write(out: Path, results: list):
+    """The results as ``out.json`` and the table as ``out.md``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps({"results": results, "cpu_count": os.cpu_count()}, indent=1))
     text = table(results)
-    args.out.with_suffix(".md").write_text(
+    sources = {r["label"]: (r.get("source"), r.get("commit")) for r in results}
+    labels = "\n".join(f"* **{k}**: {v[0]}" + (f" (commit {v[1]})" if v[1] else "") for k, v in sources.items())
+    out.with_suffix(".md").write_text(
         "# In-memory linear fit: peak allocation and sweep cost (issue #16)\n\n"
         "`python benchmarks/inmemory_scale.py`: `vbsvm.svm('y ~ .', data=frame, method=...)` on a frame of 20 "
         "float64 predictors and a float64 0/1 label (21 columns). Peak: `tracemalloc` around the call, the "
         "frame built before. Sweep: VB seconds / sweeps (meanfield) or EP seconds / EP sweeps (vb), in a run "
         "without tracing. BLAS pass: one `X.T @ (w[:, None] * X)` over the n x 21 design, one BLAS thread, "
         "best of five. Load: 1-minute load average before-after each run (2 cores, shared).\n\n"
-        + text + "\n")
+        + labels + "\n\n" + text + "\n")
     print(text)
 
 
