@@ -159,10 +159,12 @@ class Design:
     n_dropped : int
         Rows removed for missing values (``missing="drop"``).
     missing_mask : numpy.ndarray of bool
-        Shape (n, p): which entries of ``X`` are missing (all False unless ``"impute"``).
+        Shape (n, p): which entries of ``X`` are missing (all False unless ``"impute"``; without
+        a missing entry a read-only view of one False, not n x p booleans).
     raw : pandas.DataFrame
         The raw columns the formula uses, rows as used; kept so that a saved fit can
-        rebuild this design exactly.
+        rebuild this design exactly. Under copy-on-write it shares the data's memory until either
+        is modified (see :func:`_select_columns`).
     """
 
     formula: str
@@ -271,18 +273,23 @@ class Design:
                 ) from None
             except FormulaicError as exc:
                 raise InputError(f"could not build the design for newdata: {_formulaic_text(exc)}") from None
-        X = np.asarray(mm, dtype=float).copy()
-        infinite = np.isinf(X).any(axis=0)
-        if infinite.any():
-            cols = [n for n, bad in zip(self.column_names, infinite) if bad]
+        # one copy of the rows, in Fortran order, then checked and standardized in place (a plain
+        # spec's matrix is already a new array of its own; formulaic's frame may share newdata's columns)
+        X = np.asarray(mm, dtype=float, order="F") if isinstance(self.spec, _PlainSpec) else \
+            np.array(mm, dtype=float, order="F")
+        del mm
+        infinite = [j for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]
+        if infinite:
+            rows = np.logical_or.reduce([np.isinf(X[:, j]) for j in infinite])
             raise InputError(
-                f"newdata gives infinite values in design column(s) {cols} (in "
-                f"{int(np.isinf(X).any(axis=1).sum())} row(s)); the model has no score there: replace "
+                f"newdata gives infinite values in design column(s) {[self.column_names[j] for j in infinite]} "
+                f"(in {int(rows.sum())} row(s)); the model has no score there: replace "
                 "them (e.g. by NaN, to get NaN predictions for those rows) or drop those rows."
             )
         if standardized:
-            X = (X - self.center) / self.scale
-        return np.asfortranarray(X)
+            X -= self.center
+            X /= self.scale
+        return X
 
     def incomplete_rows(self, newdata: pd.DataFrame, *, imputable: bool = False) -> np.ndarray:
         """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
@@ -525,6 +532,20 @@ def _categorical_calls(formula: str) -> list:
     return [m.strip("`") for m in re.findall(r"(?<![\w.])C\(\s*(`[^`]+`|[A-Za-z_][\w.]*)", formula)]
 
 
+def _select_columns(data: pd.DataFrame, columns) -> pd.DataFrame:
+    """The ``columns`` of ``data``, in that order, independent of ``data`` from here on.
+
+    With copy-on-write (pandas >= 3, or enabled in pandas 2) a frame of the column Series, not
+    consolidated, shares their memory until either side is modified, when pandas copies what
+    changes: so the design's model matrix is the only n x p copy of the data (``data[columns]``
+    copies a consolidated block when it reorders its columns). Without copy-on-write the columns
+    are copied."""
+    cow = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
+    if cow and data.columns.is_unique:
+        return pd.DataFrame({c: data[c] for c in columns}, copy=False)
+    return data[columns]
+
+
 def _check_column_types(frame: pd.DataFrame, columns) -> None:
     """Dates and durations are not predictors as they stand: say which columns and how to convert."""
     bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(frame[c])
@@ -643,7 +664,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     fixed_vars = [v for v in needed_vars if v != response and v not in re_vars]
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
-    raw = data[used].copy()
+    raw = _select_columns(data, used)
     raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
     _check_column_types(raw, [v for v in needed_vars if v != response])
 
@@ -684,12 +705,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         names = spec.column_names
         X = spec.matrix(raw)
     else:
-        mm = _model_matrix(rhs_formula, raw, f"the formula {formula!r}")
-        spec = mm.model_spec
-        names = [str(c) for c in mm.columns]
-        X = np.array(mm, dtype=float)
-    if not np.isfinite(X[~np.isnan(X)]).all():
-        cols = [names[j] for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]
+        spec, names, X = _formulaic_design(rhs_formula, raw, f"the formula {formula!r}")
+    cols = [names[j] for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]  # column by column: no n x p mask
+    if cols:
         raise InputError(
             f"design column(s) {cols} contain infinite values (e.g. log of 0); transform or "
             "filter the data so that every predictor is finite."
@@ -701,7 +719,9 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
             "keep the intercept (drop '- 1' / '+ 0')."
         )
 
-    mask = np.isnan(X)
+    # all False without a missing entry (the usual case): a read-only view of one value, not n x p
+    mask = np.isnan(X) if any(np.isnan(X[:, j]).any() for j in range(X.shape[1])) else \
+        np.broadcast_to(np.False_, X.shape)
     # formulaic codes a missing categorical as its own level: take the mask from raw columns.
     if missing == "impute":
         for v in predictor_cols:
@@ -760,6 +780,13 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         spec=spec,
         fixed_vars=fixed_vars,
     )
+
+
+def _formulaic_design(rhs: str, raw: pd.DataFrame, what: str):
+    """``(spec, column names, X)`` of ``rhs`` by formulaic, ``X`` a float64 array in Fortran order
+    (formulaic's frame is released before the caller goes on)."""
+    mm = _model_matrix(rhs, raw, what)
+    return mm.model_spec, [str(c) for c in mm.columns], np.array(mm, dtype=float, order="F")
 
 
 def _model_matrix(rhs: str, raw: pd.DataFrame, what: str):

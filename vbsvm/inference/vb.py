@@ -109,25 +109,27 @@ def _extrapolation_norms(model, r, v):
 def _coordinate_ascent(model, tol, max_iter, accelerate, state):
     start = time.perf_counter()
     x = model.vb_initial_state() if state is None else np.asarray(state, dtype=float)
+    # the last accepted iterate and the length of its ELBO trace: replaced by one assignment, so
+    # that Ctrl-C never finds it half updated; only it and the current candidate hold a q
     x, q, value = model.vb_sweep(x)
     trace = [value]
-    # the last accepted iterate and the length of its ELBO trace: replaced by one assignment, so
-    # that Ctrl-C never finds it half updated
     accepted_iterate = (x, q, 1)
+    del q
     sweeps, accepted = 1, 0
     converged = interrupted = False
     try:
         while sweeps < max_iter:
             x = accepted_iterate[0]
-            x1, q1, e1 = model.vb_sweep(x)
+            candidate = model.vb_sweep(x)
             sweeps += 1
-            candidate = (x1, q1, e1)
+            x1 = candidate[0]
             if accelerate and sweeps < max_iter:
-                x2, q2, e2 = model.vb_sweep(x1)
+                candidate = model.vb_sweep(x1)
                 sweeps += 1
-                candidate = (x2, q2, e2)
                 r = x1 - x
-                v = x2 - x1 - r
+                v = candidate[0] - x1
+                v -= r
+                del x1
                 nr, nv, finite = _extrapolation_norms(model, r, v)
                 if nv > 0 and finite:
                     step = -nr / nv
@@ -135,17 +137,21 @@ def _coordinate_ascent(model, tol, max_iter, accelerate, state):
                         proposal = x - 2.0 * step * r + step * step * v
                         with np.errstate(all="ignore"):
                             try:
-                                x3, q3, e3 = model.vb_sweep(proposal)
+                                trial = model.vb_sweep(proposal)
                             except (np.linalg.LinAlgError, FloatingPointError, ValueError):
-                                x3, q3, e3 = None, None, -np.inf
+                                trial = (None, None, -np.inf)
+                        del proposal
                         sweeps += 1
-                        if np.isfinite(e3) and e3 >= e2:
-                            candidate = (x3, q3, e3)
+                        if np.isfinite(trial[2]) and trial[2] >= candidate[2]:
+                            candidate = trial
                             accepted += 1
                             break
+                        del trial  # a rejected q is not kept through the next proposal
                         step = (step - 1.0) / 2.0
+                del r, v
             trace.append(candidate[2])
             accepted_iterate = (candidate[0], candidate[1], len(trace))
+            del x, candidate
             if abs(trace[-1] - trace[-2]) <= tol * max(abs(trace[-1]), 1.0):
                 converged = True
                 break

@@ -47,8 +47,13 @@ CHI_FLOOR = 1e-12
 
 
 def update_chi(y, mean_f, var_f):
-    """Optimal ``chi_i = (1 - y_i m_i)^2 + v_i`` of q(a_i), clipped below at :data:`CHI_FLOOR`."""
-    return np.maximum((1.0 - y * mean_f) ** 2 + var_f, CHI_FLOOR)
+    """Optimal ``chi_i = (1 - y_i m_i)^2 + v_i`` of q(a_i), clipped below at :data:`CHI_FLOOR`
+    (evaluated in place: one row vector)."""
+    chi = np.asarray(y * mean_f, dtype=float)
+    np.subtract(1.0, chi, out=chi)
+    np.square(chi, out=chi)
+    chi += var_f
+    return np.maximum(chi, CHI_FLOOR, out=chi)
 
 
 def q_weights(chi) -> GIG:
@@ -57,21 +62,46 @@ def q_weights(chi) -> GIG:
 
 
 def expected_inverse(chi):
-    """``E_q[1/a_i] = chi_i^(-1/2)`` for q(a_i) = GIG(1/2, 1, chi_i)."""
-    return q_weights(chi).mean_inv()
+    """``E_q[1/a_i] = chi_i^(-1/2)`` for q(a_i) = GIG(1/2, 1, chi_i) (the closed form of
+    :meth:`GIG.mean_inv <vbsvm.distributions.GIG.mean_inv>`, without its per-row parameter arrays).
+
+    Raises
+    ------
+    ValueError
+        If some ``chi`` is not strictly positive (or is NaN), as :class:`~vbsvm.distributions.GIG`.
+    """
+    chi = np.asarray(chi, dtype=float)
+    if not np.all(chi > 0):
+        raise ValueError("GIG: chi must be strictly positive")
+    return 1.0 / np.sqrt(chi)
 
 
-def elbo(y, mean_f, var_f, chi):
+def elbo(y, mean_f, var_f, chi, block=2 ** 16):
     """Sum over i of E_q[log p(y_i, a_i | f_i)] + H[q(a_i)] (see module docstring).
 
     With ``log q(a) = -log a / 2 - (a + chi / a) / 2 - log Z(chi)`` the terms in ``log a`` and ``a``
     cancel against those of ``log p(y, a | f)``, leaving
     ``-log(2 pi) / 2 - (1 - y m) + (chi - T) E_q[1/a] / 2 + log Z(chi)``: no ``E[log a]`` (an
-    exponential integral) is needed."""
-    q = q_weights(chi)
-    target = (1.0 - y * mean_f) ** 2 + var_f
-    return float(np.sum(-0.5 * np.log(2.0 * np.pi) - (1.0 - y * mean_f) + 0.5 * (chi - target) * q.mean_inv()
-                        + q.log_normalizer()))
+    exponential integral) is needed. With ``E_q[1/a] = chi^(-1/2)`` and
+    ``log Z(chi) = log(2 pi) / 2 - sqrt(chi)`` for GIG(1/2, 1, chi) this is
+    ``-(1 - y m) - (chi + T) / (2 sqrt(chi))``, summed by blocks of ``block`` rows so that its
+    temporaries stay small."""
+    args = np.broadcast_arrays(*(np.atleast_1d(np.asarray(a, dtype=float)) for a in (y, mean_f, var_f, chi)))
+    n = args[0].shape[0]
+    return -float(sum(_negative_elbo_terms(*(a[s:s + block] for a in args)).sum() for s in range(0, n, block)))
+
+
+def _negative_elbo_terms(y, mean_f, var_f, chi):
+    """``(1 - y m) + (chi + T) / (2 sqrt(chi))`` row by row, in place (two temporaries)."""
+    gap = y * mean_f
+    np.subtract(1.0, gap, out=gap)
+    part = np.square(gap)
+    part += var_f  # T
+    part += chi
+    part /= np.sqrt(chi)
+    part *= 0.5
+    part += gap
+    return part
 
 
 def sample_inverse(y, f, rng):
