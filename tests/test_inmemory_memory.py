@@ -119,9 +119,6 @@ def test_vb_fit_peak_is_at_most_twice_the_frame(big):
 
 
 @needs_copy_on_write
-@pytest.mark.xfail(strict=True, reason="vbsvm.api.warn_about_data forms a scaled copy of the design "
-                   "(Xs = X / top) for its rank check; with the Gram by blocks (models.linear.weighted_gram) "
-                   "the whole fit stays below 2x (issue #16)")
 def test_svm_peak_is_at_most_twice_the_frame(big):
     peak, fit = traced_peak(lambda: vbsvm.svm("y ~ .", data=big, method="meanfield", progress=False))
     assert fit.info["converged"]

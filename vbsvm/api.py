@@ -13,6 +13,7 @@ from .design import build_design
 from .exceptions import DiagnosticWarning, InputError
 from .fitting import fit_design
 from .inference.threads import limit_blas
+from .models.linear import row_blocks
 from .results import Fit, fit_probit_calibration
 
 __all__ = ["svm", "load"]
@@ -151,7 +152,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     fit = fit_design(design, settings, prior)
     # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
     # blocks of rows so that the prediction's copies of the design stay small
-    step = max(1024, 2 ** 20 // max(design.p, 1))
+    step = max(1024, 2 ** 18 // max(design.p, 1))
     score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
                        for s in range(0, design.n, step)])
     fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
@@ -200,7 +201,7 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
     * a grouping factor with **a single level** (confounded with the intercept) or with **one
       row per level** (its intercepts can absorb every point).
     """
-    complete = ~np.isnan(design.X).any(axis=1)
+    complete = ~design.missing_mask.any(axis=1)
     X = design.X if complete.all() else design.X[complete]
     names = list(design.column_names)
     n, p = X.shape
@@ -215,10 +216,14 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
             # eigen-decomposition of the p x p Gram (cheaper than an SVD of X) of the columns
             # scaled to a largest absolute value of 1, so that the units of a column do not count:
             # eigenvalues below 1e-11 of the largest (condition number above ~3e5) mark dependent columns
-            top = np.abs(X).max(axis=0)
-            Xs = X / np.where(top > 0, top, 1.0)
-            with limit_blas(float(n) * p * p):
-                evals, evecs = np.linalg.eigh(Xs.T @ Xs)
+            top = np.maximum(X.max(axis=0), -X.min(axis=0))
+            scale = 1.0 / np.where(top > 0, top, 1.0)
+            gram = np.zeros((p, p))
+            with limit_blas(float(n) * p * p):  # by blocks of rows: no scaled copy of X
+                for rows in row_blocks(n, p):
+                    block = X[rows] * scale
+                    gram += block.T @ block
+                evals, evecs = np.linalg.eigh(gram)
             null = evecs[:, evals <= evals[-1] * 1e-11].T
             if null.size:
                 cols = [names[j] for j in np.flatnonzero(np.abs(null).max(axis=0) > 1e-6)]
