@@ -340,6 +340,11 @@ def test_collapsed_conditional_moments_are_the_included_terms_gaussian(small):
         post = model.posterior(gram, model.scaling(g), tau)
         assert draw.mean[i] == pytest.approx(post.mean[k], rel=1e-9, abs=1e-12)
         assert draw.var[i] == pytest.approx(post.diag_cov()[k], rel=1e-9)
+        # the regression of the others on k: E[theta_A | theta_k] = const - c theta_k
+        S = post.cov_dense()
+        c = -S[:, k] / S[k, k]
+        c[k] = 0.0
+        np.testing.assert_allclose(draw.coupling[i], c, rtol=1e-7, atol=1e-10)
 
 
 def test_sequential_collapsed_draws_use_the_updated_indicators(small):

@@ -46,11 +46,6 @@ def add_sparse_score(F, theta_sparse, sc, rows=slice(None)):
     return F
 
 
-def draw_summary(d, lo_q, hi_q):
-    """(mean, sd, lower, upper) of draws ``d``."""
-    return (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
-
-
 def _scores_of_draws(draws, dense, sc, n_dense, chunk_values=4e6):
     """Yield ``(rows, F)``: the scores ``F`` (k, r) of the draws of theta ``draws`` (k, q) for
     blocks of the new rows (at most ``chunk_values`` scores at a time, ~32 MB)."""
@@ -97,13 +92,14 @@ class _Posterior:
         sig = self.draws()[1]
         sig = sig.reshape(-1, sig.shape[-1])
         for k, name in enumerate(self.layout.variances):
-            rows[name] = self._summary(sig[:, k], lo_q, hi_q)
+            rows[name] = self.summarize(sig[:, k], lo_q, hi_q)
             if name == "sigma2_u":
-                rows["alpha"] = self._summary(1.0 / (4.0 * sig[:, k]), lo_q, hi_q)
+                rows["alpha"] = self.summarize(1.0 / (4.0 * sig[:, k]), lo_q, hi_q)
         return rows
 
-    def _summary(self, d, lo_q, hi_q):
-        return draw_summary(d, lo_q, hi_q)
+    def summarize(self, d, lo_q, hi_q):
+        """``(mean, sd, lower, upper)`` of the draws ``d`` of a scalar (quantiles ``lo_q``, ``hi_q``)."""
+        return (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
 
     def covariance_draws(self) -> dict:
         """Term name -> draws (k, q, q) of its random-effect covariance."""
@@ -185,7 +181,8 @@ class PosteriorMode(_Posterior):
         """The mode as one draw: ``(theta (1, 1, q), sigma2 (1, 1, k))``."""
         return self.arrays["theta_mode"][None, None], self.arrays["sigma2_mode"][None, None]
 
-    def _summary(self, d, lo_q, hi_q):
+    def summarize(self, d, lo_q, hi_q):
+        """The mode's value, without spread."""
         return (float(d[0]), np.nan, np.nan, np.nan)
 
     def covariance_draws(self) -> dict:

@@ -209,10 +209,10 @@ class Fit:
             cols = self.layout.columns_of(name)
             for j, c in enumerate(cols):
                 d = S[:, j, j]
-                rows[f"sigma2_{name}[{c}]"] = _draw_summary(d, lo_q, hi_q, self._post.point)
+                rows[f"sigma2_{name}[{c}]"] = self._post.summarize(d, lo_q, hi_q)
             for j, k in zip(*np.tril_indices(len(cols), -1)):
                 d = S[:, j, k] / np.sqrt(S[:, j, j] * S[:, k, k])
-                rows[f"cor_{name}[{cols[k]},{cols[j]}]"] = _draw_summary(d, lo_q, hi_q, self._post.point)
+                rows[f"cor_{name}[{cols[k]},{cols[j]}]"] = self._post.summarize(d, lo_q, hi_q)
         out = pd.DataFrame.from_dict(rows, orient="index", columns=["mean", "sd", lo_name, hi_name])
         out.index.name = "parameter"
         return out
@@ -678,13 +678,6 @@ def _fill_rows(out, newdata, keep, na_action):
 def _check_new_levels(new_levels):
     if new_levels not in ("integrate", "zero", "error"):
         raise InputError(f"new_levels must be 'integrate', 'zero' or 'error'; got {new_levels!r}.")
-
-
-def _draw_summary(d, lo_q, hi_q, mode_only=False):
-    """(mean, sd, lower, upper) of draws ``d`` (the value and NaNs for a mode)."""
-    if mode_only:
-        return (float(d[0]), np.nan, np.nan, np.nan)
-    return (d.mean(), d.std(ddof=1), np.quantile(d, lo_q), np.quantile(d, hi_q))
 
 
 def _version():

@@ -136,11 +136,13 @@ VB: the imputation q first, then this section's Algorithm 3 on completions drawn
 by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
 :math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
 
-Mixing of the Gibbs sampler. Single-site updates of the indicators mix slowly when predictors are
-correlated (the paper ran 50k + 50k draws). Drawing each pair ``(gamma_k, v_k)`` jointly, with
-``v_k`` integrated out of gamma_k's conditional, was tried on spam and did not help (the
-bottleneck is the dependence between indicators, not the pseudo-prior of ``v_k``), so the sampler
-is Appendix B as written. Check ``fit.diagnostics()`` (rows ``gamma[term]``).
+Mixing of the Gibbs sampler. Single-site updates of the indicators given their coefficients mix
+slowly when predictors are correlated (the paper ran 50k + 50k draws). Each sweep therefore adds
+to Appendix B, all exact for the same posterior: the collapsed indicator draw above (every
+coefficient integrated out given w); the random intercepts' marginal moves; swaps of correlated
+terms (:meth:`LaplaceZeroModel.swap_moves`); and add/delete moves of each term with w integrated
+out (:meth:`LaplaceZeroModel.flip_moves`, proposals fitted during tuning). Check
+``fit.diagnostics()`` (rows ``gamma[term]``).
 """
 
 from __future__ import annotations
@@ -795,8 +797,9 @@ class LaplaceZeroModel:
             c = np.where(active, shift[i, :p], 0.0)
             sign = 1.0 if gamma[i] == 1.0 else -1.0  # +1: delete, -1: add
             old = theta[:p]
-            new = old + sign * c * v[i]  # deleting adds c v_k back, adding takes c v_k off
-            f_new = f + X[:, :p] @ (new - old) - sign * X[:, k] * v[i]
+            delta = sign * v[i] * c  # deleting adds c v_k back, adding takes c v_k off
+            new = old + delta
+            f_new = f + X[:, :p] @ delta - sign * X[:, k] * v[i]
             new_sum = float(np.maximum(0.0, 1.0 - y * f_new).sum())
             log_prior = -0.5 * float(np.sum(tau * (new * new - old * old)))
             if log_u[i] < -2.0 * (new_sum - hinge_sum) + log_prior + sign * log_delete[i]:
