@@ -83,7 +83,7 @@ from .threads import limit_blas
 
 __all__ = ["tilted_moments", "tilted_log_normalizer", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
            "integrate_variances", "corrected_marginals", "local_intercept_marginals", "fit_calibrated",
-           "sample_grid"]
+           "sample_grid", "inverse_gamma_match", "log_site_corrections"]
 
 LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -166,25 +166,34 @@ class EPResult:
         self.diag_cov = post.diag_cov()
 
 
-def _gaussian(model, prec, tau, shift):
-    return model.coefficient_posterior(prec, tau, r=shift)
-
-
 class _Sweep:
     """One parallel EP pass from sites ``x = (prec, shift)``: the Gaussian, its cavities and the
-    undamped new sites."""
+    undamped new sites. The first ``n`` entries are the hinge sites; with ``prior`` (prior sites
+    on some coordinates, e.g. :class:`vbsvm.inference.ep_selection.SpikeSlabSites`) the rest are
+    the sites of those coordinates' priors, which then replace their entries of ``tau``."""
 
-    def __init__(self, model, tau, prec, shift):
-        self.prec, self.shift = prec, shift
-        self.post = post = _gaussian(model, prec, tau, shift)
+    def __init__(self, model, tau, prec, shift, prior=None):
+        n = model.n
+        self.prec, self.shift, self.prior, self.tau = prec, shift, prior, tau
+        prior_shift = None
+        if prior is not None:
+            tau = tau.copy()
+            tau[prior.index] = prec[n:]
+            prior_shift = np.zeros(model.qd)
+            prior_shift[prior.index] = shift[n:]
+        self.post = post = model.coefficient_posterior(prec[:n], tau, r=shift[:n], prior_shift=prior_shift)
         self.mf, self.vf = post.linear_predictor()
-        cav_prec = np.maximum(1.0 / self.vf - prec, 1e-12 / self.vf)
-        self.cv = 1.0 / cav_prec
-        self.cm = self.cv * (self.mf / self.vf - shift)
+        self.cv, self.cm = _cavity(self.mf, self.vf, prec[:n], shift[:n])
         self.log_zi, g, h = tilted_moments(model.y, self.cm, self.cv)
         den = 1.0 + h * self.cv
-        self.new_prec = -h / den
-        self.new_shift = (g - self.cm * h) / den
+        new_prec, new_shift = -h / den, (g - self.cm * h) / den
+        if prior is not None:
+            self.pm, self.pv = post.mean[prior.index], post.diag_cov()[prior.index]
+            self.pcv, self.pcm = _cavity(self.pm, self.pv, prec[n:], shift[n:])
+            self.tilted = prior.tilted(self.pcm, self.pcv)
+            p_prec, p_shift = prior.site(self.pcm, self.pcv, self.tilted)
+            new_prec, new_shift = np.concatenate([new_prec, p_prec]), np.concatenate([new_shift, p_shift])
+        self.new_prec, self.new_shift = new_prec, new_shift
         self.change = max(np.max(np.abs(self.new_prec - prec) / (1.0 + np.abs(prec))),
                           np.max(np.abs(self.new_shift - shift) / (1.0 + np.abs(shift))))
 
@@ -192,8 +201,42 @@ class _Sweep:
         return ((1.0 - delta) * self.prec + delta * self.new_prec,
                 (1.0 - delta) * self.shift + delta * self.new_shift)
 
+    def finite(self) -> bool:
+        ok = (np.isfinite(self.change) and np.all(self.vf > 0) and np.all(np.isfinite(self.new_prec))
+              and np.all(np.isfinite(self.new_shift)) and np.all(np.isfinite(self.log_zi)))
+        if self.prior is not None:
+            ok = ok and np.all(self.pv > 0) and np.all(np.isfinite(self.tilted.log_z))
+        return bool(ok and np.all(self.new_prec >= 0))
 
-def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, max_sweeps=500,
+    def log_z(self) -> float:
+        r"""``log Z_EP`` from the Gaussian built on the current sites and their cavities: the
+        Gaussian's normalizer relative to the prior's, plus each site's normalizer
+        :math:`\log Z_i + \tfrac12\log(v_{-i}/v_i) - \tfrac12(m_i^2/v_i - m_{-i}^2/v_{-i})`.
+        Coordinates with prior sites have no Gaussian prior: their ``log tau`` is replaced by
+        ``log 2 pi`` (the Gaussian's normalizer keeps its ``(2 pi)^{1/2}`` there)."""
+        post, n = self.post, self.mf.size
+        log_tau = np.log(self.tau)
+        quad = float(self.shift[:n] @ self.mf)
+        sites = _site_terms(self.log_zi, self.mf, self.vf, self.cm, self.cv)
+        if self.prior is not None:
+            log_tau[self.prior.index] = np.log(2.0 * np.pi)
+            quad += float(self.shift[n:] @ self.pm)
+            sites += _site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
+        return float(0.5 * np.sum(log_tau) + 0.5 * post.logdet_cov() + 0.5 * quad + sites)
+
+
+def _cavity(m, v, prec, shift):
+    """Variance and mean of the cavities ``N(m, v) / site``."""
+    cav_prec = np.maximum(1.0 / v - prec, 1e-12 / v)
+    cv = 1.0 / cav_prec
+    return cv, cv * (m / v - shift)
+
+
+def _site_terms(log_zi, m, v, cm, cv):
+    return float(np.sum(log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)))
+
+
+def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, tol=1e-6, max_sweeps=500,
                             accelerate=True):
     r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
 
@@ -205,7 +248,13 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
         Prior precision of every coordinate of theta.
     sites : tuple of ndarray, optional
         Starting ``(site_prec, site_shift)`` (warm start); default ``(1, 2 y)``, the Gaussian
-        working likelihood of the augmentation at ``w = 1``.
+        working likelihood of the augmentation at ``w = 1`` (and ``prior.start()`` for the prior
+        sites).
+    prior : optional
+        Non-Gaussian priors of some coordinates approximated by sites too (an object with
+        ``index``, ``start()``, ``tilted(m, v)`` and ``site(m, v, tilted)``, e.g.
+        :class:`vbsvm.inference.ep_selection.SpikeSlabSites`); their entries of ``tau`` are
+        ignored.
     damping : float
         Step in the natural parameters: ``site <- (1 - damping) site + damping site_new``. It is
         halved (down to 0.05) whenever the largest site change more than doubles after the fifth
@@ -225,8 +274,10 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
     EPResult
     """
     y = model.y
-    n = y.size
-    default = (np.ones(n), 2.0 * y)
+    default = (np.ones(y.size), 2.0 * y)
+    if prior is not None:
+        default = tuple(np.concatenate(pair) for pair in zip(default, prior.start()))
+    n = default[0].size
     x = default if sites is None else (sites[0].copy(), sites[1].copy())
     tau = np.asarray(tau, dtype=float)
     delta = float(damping)
@@ -235,7 +286,7 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
     sweeps = 0
     good = None  # the last pass with finite moments
     while sweeps < max_sweeps:
-        cur = _try_sweep(model, tau, x)
+        cur = _try_sweep(model, tau, x, prior)
         sweeps += 1
         if cur is None:  # a step too far (e.g. extreme variances): back off towards the last good sites
             if good is None:
@@ -257,7 +308,7 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
         if not accelerate or sweeps + 2 > max_sweeps:
             x = x1
             continue
-        s1 = _try_sweep(model, tau, x1)
+        s1 = _try_sweep(model, tau, x1, prior)
         sweeps += 1
         if s1 is None:
             delta = max(0.05, 0.5 * delta)
@@ -279,7 +330,7 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
             base = (x1[0] - r0, x1[1] - r1)  # x0
             prop = (base[0] - 2 * step * r0 + step * step * v0, base[1] - 2 * step * r1 + step * step * v1)
             if np.all(prop[0] >= 0) and np.all(np.isfinite(prop[0])) and np.all(np.isfinite(prop[1])):
-                sp_ = _try_sweep(model, tau, prop)
+                sp_ = _try_sweep(model, tau, prop, prior)
                 sweeps += 1
                 if sp_ is not None and sp_.change < s1.change:
                     good = sp_
@@ -291,27 +342,20 @@ def expectation_propagation(model, tau, *, sites=None, damping=0.5, tol=1e-6, ma
     if good is None:
         raise FloatingPointError("EP failed: the Gaussian of the sites has no finite moments at these "
                                  "prior precisions.")
-    log_z = _log_z_ep(good.post, tau, good.shift, good.mf, good.vf, good.cm, good.cv, good.log_zi)
-    return EPResult(good.post, good.prec, good.shift, log_z, converged, sweeps)
+    res = EPResult(good.post, good.prec, good.shift, good.log_z(), converged, sweeps)
+    if prior is not None:  # the prior sites' tilted moments and cavities of the pass read
+        res.tilted, res.prior_cavity = good.tilted, (good.pcm, good.pcv)
+    return res
 
 
-def _try_sweep(model, tau, x):
+def _try_sweep(model, tau, x, prior=None):
     """:class:`_Sweep` from sites ``x``, or None if its moments or new sites are not finite."""
     try:
         with np.errstate(all="ignore"):
-            out = _Sweep(model, tau, *x)
+            out = _Sweep(model, tau, *x, prior=prior)
     except (np.linalg.LinAlgError, FloatingPointError, ValueError):
         return None
-    ok = (np.isfinite(out.change) and np.all(out.vf > 0) and np.all(np.isfinite(out.new_prec))
-          and np.all(np.isfinite(out.new_shift)) and np.all(np.isfinite(out.log_zi)) and np.all(out.new_prec >= 0))
-    return out if ok else None
-
-
-def _log_z_ep(post, tau, shift, mf, vf, cm, cv, log_zi):
-    """``log Z_EP`` from the Gaussian built on the current sites and their cavities."""
-    gauss = 0.5 * np.sum(np.log(tau)) + 0.5 * post.logdet_cov() + 0.5 * float(shift @ mf)
-    sites = np.sum(log_zi + 0.5 * np.log(cv / vf) - 0.5 * (mf * mf / vf - cm * cm / cv))
-    return float(gauss + sites)
+    return out if out.finite() else None
 
 
 # --------------------------------------------------------------------------- variances
@@ -379,20 +423,42 @@ class _Evidence:
         self.unconverged = 0
         self.failed = 0
 
+    @property
+    def n_variances(self) -> int:
+        return len(self.sizes)
+
+    def prior(self, eta):
+        """Prior sites at ``eta`` (none: every coordinate has its Gaussian prior)."""
+        return None
+
+    def em_start(self, eta, res):
+        """The EM update of ``eta`` from the EP Gaussian at ``eta``: ``sigma2_k = (sq_k + 2B)/(m_k + 2A)``."""
+        m = self.model
+        sq = m.second_moments(res.mean, res.diag_cov)
+        return np.log((sq + 2 * m.B) / (self.sizes + 2 * m.A))
+
+    def gradient(self, eta, res):
+        """Gradient of ``log Z_EP + log p(eta)`` at an EP fixed point: that of the Gaussian with
+        the sites held fixed, ``-m_k/2 + e^{-eta_k} sq_k/2``, plus the prior's."""
+        m = self.model
+        sq = m.second_moments(res.mean, res.diag_cov)
+        return -self.sizes / 2.0 + np.exp(-eta) * sq / 2.0 - m.A + m.B * np.exp(-eta)
+
     def run(self, eta, sites=None):
-        key = tuple(np.round(np.asarray(eta, dtype=float), 12))
+        eta = np.asarray(eta, dtype=float)
+        key = tuple(np.round(eta, 12))
         if key in self.cache:
             return self.cache[key]
-        tau = self.model.prior_precision(np.exp(-np.asarray(eta, dtype=float)))
+        tau = self.model.prior_precision(np.exp(-eta))
         try:
             res = expectation_propagation(self.model, tau, sites=sites if sites is not None else self.sites,
-                                          **self.options)
+                                          prior=self.prior(eta), **self.options)
             ok = np.isfinite(res.log_z) and np.all(np.isfinite(res.mean)) and np.all(np.isfinite(res.diag_cov))
         except FloatingPointError:
             ok = False
         if not ok:  # no usable Gaussian at these variances: zero posterior weight
             self.failed += 1
-            out = (-np.inf, np.full(len(self.sizes), np.nan), None)
+            out = (-np.inf, np.full(self.n_variances, np.nan), None)
             self.cache[key] = out
             return out
         self.sites = (res.site_prec, res.site_shift)
@@ -401,12 +467,12 @@ class _Evidence:
         self.unconverged += not res.converged
         m = self.model
         lp = res.log_z + float(np.sum(log_prior_eta(eta, m.A, m.B)))
-        sq = m.second_moments(res.mean, res.diag_cov)
-        grad = -self.sizes / 2.0 + np.exp(-np.asarray(eta)) * sq / 2.0 - m.A + m.B * np.exp(-np.asarray(eta))
+        grad = self.gradient(eta, res)
         res.grad_correction = np.zeros_like(grad)
         if self.local is not None:
             c_mean, c_var = local_intercept_marginals(res, m)
             k = self.local
+            sq = m.second_moments(res.mean, res.diag_cov)
             res.grad_correction[k] = np.exp(-eta[k]) * (np.sum(c_mean ** 2 + c_var) - sq[k]) / 2.0
         out = (lp, grad, res)
         self.cache[key] = out
@@ -492,14 +558,12 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
     iterations at n = 500, d = 100).
     Returns the mode, minus the Hessian there (central differences) and the Newton iterations.
     """
-    m = ev.model
     eta = np.zeros(K)
     for _ in range(3):
         res = ev.run(eta)[2]
         if res is None:
             break
-        sq = m.second_moments(res.mean, res.diag_cov)
-        new = np.log((sq + 2 * m.B) / (ev.sizes + 2 * m.A))
+        new = ev.em_start(eta, res)
         if np.max(np.abs(new - eta)) < xtol:
             eta = new
             break
@@ -546,7 +610,7 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
 
 
 def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
-                        max_sweeps=500, correct_variance=False) -> GridPosterior:
+                        max_sweeps=500, correct_variance=False, evidence=None, newton_steps=30) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
     Parameters
@@ -575,14 +639,22 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         default: on toenail it moves sigma2 from 0.88x to 1.07x the Gibbs mean but the fixed
         effects from 0.15 to 0.45 Gibbs sds off (EP's fixed effects given sigma2 are biased in the
         opposite direction, and the two errors cancel at the EP density).
+    evidence : callable, optional
+        Builds the density of ``eta`` from ``(model, ep_options)`` (default: the Gaussian priors
+        of ``model``'s variance components; the Laplace-zero prior passes its own,
+        :class:`vbsvm.inference.ep_selection.SpikeSlabEvidence`).
+    newton_steps : int
+        Maximum quasi-Newton iterations of the mode search after its EM steps (0: the grid is
+        centred where the EM steps end; it is explored outward from there all the same).
 
     Returns
     -------
     GridPosterior
     """
     start = time.perf_counter()
-    ev = _Evidence(model, {"damping": damping, "tol": tol, "max_sweeps": max_sweeps}, correct=correct_variance)
-    K = len(model.variance_components)
+    options = {"damping": damping, "tol": tol, "max_sweeps": max_sweeps}
+    ev = _Evidence(model, options, correct=correct_variance) if evidence is None else evidence(model, options)
+    K = ev.n_variances
     if K == 0:
         lp, _, res = ev.run(np.zeros(0))
         if res is None:
@@ -592,7 +664,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                                                  "seconds": time.perf_counter() - start, "failed": ev.failed})
     if dz is None:
         dz = {1: 1.0, 2: 0.75}.get(K, 1.0)
-    mode, H, n_newton = _find_mode(ev, K)
+    mode, H, n_newton = _find_mode(ev, K, max_iter=newton_steps)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
                       ConvergenceWarning, stacklevel=3)
@@ -692,39 +764,48 @@ def corrected_marginals(fit, model, L, z=None):
     mean, sd : ndarray (k,)
     """
     z = np.linspace(-9.0, 9.0, 61) if z is None else np.asarray(z, dtype=float)
+    mu = L @ fit.mean[: model.qd]
+    svar = np.einsum("kj,jl,kl->k", L, fit.post.cov_dense(), L)
+    sd = np.sqrt(np.maximum(svar, 0.0))
+    lp = -0.5 * z * z + log_site_corrections(fit, model, L, mu[:, None] + sd[:, None] * z[None, :])
+    w = np.exp(lp - lp.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    zm = w @ z
+    zs = np.sqrt(np.maximum(np.einsum("kg,kg->k", w, (z[None, :] - zm[:, None]) ** 2), 0.0))
+    flat = ~(svar > 0)
+    return np.where(flat, mu, mu + sd * zm), np.where(flat, 0.0, sd * zs)
+
+
+def log_site_corrections(fit, model, L, X):
+    r"""``log prod_i E_{q(f_i | x)}[t_i(f_i) / \tilde t_i(f_i)]`` (the factorized correction of
+    :func:`corrected_marginals`) for each combination ``x = l_k^T theta_dense`` at the points
+    ``X[k]``, an array (k, G); 0 where the combination has no variance under q."""
     post = fit.post
-    Sdd = post.cov_dense()
-    SL = Sdd @ L.T  # (qd, k)
+    SL = post.cov_dense() @ L.T  # (qd, k)
     Kmat = model.Cd @ SL  # k_i for every row and combination
     if model.m_sparse:
         Kmat += (post.cov_dense_sparse().T @ L.T)[model.codes]
     mf, vf = post.linear_predictor()
-    tp, tn = fit.site_prec, fit.site_shift
+    n = model.n
+    tp, tn = fit.site_prec[:n, None], fit.site_shift[:n, None]
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jk->k", L, SL)
     y = model.y[:, None]
-    out_m, out_s = np.empty(len(L)), np.empty(len(L))
-    for k in range(len(L)):  # over combinations (coefficients), vectorized over rows and z
+    out = np.zeros(X.shape)
+    for k in range(len(L)):  # over combinations (coefficients), vectorized over rows and points
         if not svar[k] > 0:
-            out_m[k], out_s[k] = mu[k], 0.0
             continue
-        sd = np.sqrt(svar[k])
         kk = Kmat[:, k]
         b = np.maximum(vf - kk * kk / svar[k], 0.0)[:, None]
-        a = mf[:, None] + (kk / sd)[:, None] * z[None, :]
-        one = 1.0 - tp[:, None] * b
-        log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp[:, None] - 2 * a * tn[:, None] + tn[:, None] ** 2 * b) / one
+        a = mf[:, None] + (kk / svar[k])[:, None] * (X[k] - mu[k])[None, :]
+        one = 1.0 - tp * b
+        log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp - 2 * a * tn + tn ** 2 * b) / one
         bp = np.maximum(b / one, 1e-300)
-        ap = (a - b * tn[:, None]) / one
+        ap = (a - b * tn) / one
         with np.errstate(all="ignore"):
             log_z = tilted_log_normalizer(y, ap, bp)
-        lp = -0.5 * z * z + (log_k + log_z).sum(0)
-        w = np.exp(lp - lp.max())
-        w /= w.sum()
-        zm = w @ z
-        out_m[k] = mu[k] + sd * zm
-        out_s[k] = sd * np.sqrt(max(w @ (z - zm) ** 2, 0.0))
-    return out_m, out_s
+        out[k] = (log_k + log_z).sum(0)
+    return out
 
 
 # --------------------------------------------------------------------------- entry point
@@ -836,9 +917,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
                 mean[qd:] += u_shift
                 var[qd:] *= u_ratio ** 2
                 cov_ds = cov_ds * u_ratio[None, :]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        shape = np.where(s2_sd > 0, 2.0 + (s2_mean / s2_sd) ** 2, np.inf)
-    scale = s2_mean * (shape - 1.0)
+    shape, scale = inverse_gamma_match(s2_mean, s2_sd)
     K = grid.eta.shape[1]
     return {
         "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d, "theta_cov_ds": cov_ds,
@@ -851,6 +930,13 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         "log_evidence": grid.log_evidence, "elbo": np.array([grid.log_evidence]),
         "info": {**grid.info, "grid_points": int(grid.eta.shape[0]), "seconds_total": time.perf_counter() - start},
     }
+
+
+def inverse_gamma_match(mean, sd):
+    """Shape and scale of the inverse gamma with this mean and sd (shape ``inf`` where sd is 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        shape = np.where(sd > 0, 2.0 + (mean / sd) ** 2, np.inf)
+    return shape, mean * (shape - 1.0)
 
 
 def sample_grid(grid, model, M, size, rng):

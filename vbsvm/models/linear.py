@@ -242,7 +242,8 @@ class CoefficientPosterior:
     ``O(n q_d^2 + q_d^3 + m q^2 q_d)``.
     """
 
-    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None, blocks=(), gram=None):
+    def __init__(self, model: "LinearSVMModel", w, tau, r, extra_precision=None, blocks=(), gram=None,
+                 prior_shift=None):
         self.model = model
         qd = model.qd
         g = WorkingGram(model, w, r, extra_precision) if gram is None else gram
@@ -254,7 +255,7 @@ class CoefficientPosterior:
                 sparse_prior = Lam
             else:
                 A[index[:, :, None], index[:, None, :]] += Lam
-        bd = g.bd
+        bd = g.bd if prior_shift is None else g.bd + prior_shift
         if model.m_sparse:
             m, qs = model.m_sparse, model.q_sparse
             D = g.D.copy()
@@ -718,15 +719,17 @@ class LinearSVMModel:
         """``(index, Lambda)`` of each covariance component, given its precision matrix."""
         return [(c.index, Lam) for c, Lam in zip(self.covariance_components, covariance_precisions)]
 
-    def coefficient_posterior(self, w, tau, blocks=(), r=None) -> CoefficientPosterior:
+    def coefficient_posterior(self, w, tau, blocks=(), r=None, prior_shift=None) -> CoefficientPosterior:
         """Full conditional (Gibbs) or optimal q (VB) of theta given w and the prior precision
         (through n x n Woodbury systems when there are fewer rows than coefficients and no
-        random-effect term): ``N(P^{-1} C'r, P^{-1})``, ``P = C' diag(w) C + T``, with ``r`` the
-        working response ``y (1 + w)`` unless given (EP passes its site shifts)."""
+        random-effect term): ``N(P^{-1} b, P^{-1})``, ``P = C' diag(w) C + T``,
+        ``b = C'r + prior_shift``, with ``r`` the working response ``y (1 + w)`` unless given
+        (EP passes its site shifts, and the shifts of its prior sites on the dense coordinates
+        as ``prior_shift``)."""
         r = hinge.working_response(self.y, w) if r is None else r
-        if not blocks and WoodburyPosterior.applicable(self, tau):
+        if not blocks and prior_shift is None and WoodburyPosterior.applicable(self, tau):
             return WoodburyPosterior(self, w, tau, r)
-        return CoefficientPosterior(self, w, tau, r, blocks=blocks)
+        return CoefficientPosterior(self, w, tau, r, blocks=blocks, prior_shift=prior_shift)
 
     def second_moments(self, mean, diag_cov) -> np.ndarray:
         """``||mu_k||^2 + tr(Sigma_kk)`` for every variance component."""
