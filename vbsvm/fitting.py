@@ -30,6 +30,7 @@ from .inference import dispatch
 from .inference import pooled
 from .inference.dispatch import Readout
 from .inference.ep import fit_calibrated
+from .inference.ep_selection import fit_calibrated_selection
 from .inference.failures import numerical_failures
 from .inference.threads import limit_blas
 from .models.linear import LinearSVMModel, covariance_arrays, fixed_effect_precision, meanfield_posterior, \
@@ -155,7 +156,7 @@ def fit_laplace_zero(design, settings, prior):
     if rho == "auto":
         rho, res, curve = _choose_rho(model, prior.rho_grid, settings)
         info.update(rho_grid=[float(r) for r in prior.rho_grid], rho_elbo=[float(e) for e in curve],
-                    rho_selection="ELBO of the VB fit on the grid rho_grid")
+                    rho_selection="ELBO of the mean-field VB fit on the grid rho_grid")
         vb_engine = lambda model, settings: res  # noqa: E731 - the grid's fit at the chosen rho
     model.set_rho(rho)
     info["rho"] = float(rho)
@@ -172,7 +173,9 @@ def fit_laplace_zero(design, settings, prior):
     readout = Readout(
         record=("u", "gamma", "sigma2", "log_pseudo_likelihood") + (("cov",) if base.covariance_components else ()),
         from_draws=from_draws, from_vb=lambda res: dict(laplace_zero_arrays(model, res, M), sel_index=sel_index),
-        not_calibrated="LaplaceZero", vb_engine=vb_engine,
+        calibrated=None if model.slopes else (
+            lambda model: dict(laplace_zero_calibrated_arrays(model, settings, M), sel_index=sel_index)),
+        not_calibrated="Laplace-zero with random slopes", vb_engine=vb_engine,
         monitor=lambda post: SelectionFit(design=design, layout=layout, settings=settings, method=method,
                                           posterior=post, info=dict(info)).summary_diagnostics())
     posterior, run = dispatch.fit(model, settings, readout)
@@ -206,19 +209,42 @@ def _choose_rho(model, grid, settings):
 
 
 def laplace_zero_arrays(model, res, M):
-    """Arrays stored by a VB SelectionFit: q's parameters and the moments of the effective
-    coefficients u = gamma~ * theta on the original scale (what the Fit base class reads)."""
+    """Arrays stored by a mean-field SelectionFit: q's parameters and the moments of the
+    effective coefficients u = gamma~ * theta on the original scale (what the Fit base class reads)."""
     q = res.q
     post = q["theta"]
     qd = model.qd
-    mu = post.mean
-    var = post.diag_cov()
-    Sdd = post.cov_dense()
     Sds = post.cov_dense_sparse() if model.base.m_sparse else np.zeros((qd, 0))
-    g = q["gamma"]
+    qv = q["variances"]
+    out = _spike_slab_arrays(model, post.mean, post.diag_cov(), post.cov_dense(), Sds, q["gamma"], M)
+    out.update(var_shape=np.atleast_1d(qv.a).astype(float), var_scale=np.atleast_1d(qv.b).astype(float),
+               elbo=res.elbo, q_eta=q["eta"], q_b=np.asarray(q["mu_b"], float), q_chi=q["chi"])
+    if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
+        out["theta_cov_ss_blocks"] = post.sparse_block_cov()
+    if model.covs:
+        out.update(covariance_arrays(q["covariances"]))
+    return out
+
+
+def laplace_zero_calibrated_arrays(model, settings, M):
+    """Arrays stored by a calibrated SelectionFit (:func:`~vbsvm.inference.ep_selection.fit_calibrated_selection`):
+    the spike-and-slab form of :func:`laplace_zero_arrays`, the variance grid and the EP evidence."""
+    ep = fit_calibrated_selection(model, settings)
+    out = _spike_slab_arrays(model, ep["mean"], ep["var"], ep["cov_dense"], ep["cov_ds"], ep["p_include"], M)
+    keep = ("var_shape", "var_scale", "sigma2_mean", "sigma2_sd", "grid_eta", "grid_weights", "grid_log_density",
+            "grid_step", "grid_p_include", "log_evidence", "info")
+    out.update({k: ep[k] for k in keep}, elbo=np.array([ep["log_evidence"]]))
+    return out
+
+
+def _spike_slab_arrays(model, mu, var, Sdd, Sds, g, M):
+    """The spike-and-slab q of the selectable terms (``u_k = gamma_k v_k``, ``gamma_k ~ Bernoulli(g_k)``,
+    v Gaussian with mean ``mu``, marginal variances ``var`` and covariances ``Sdd``, ``Sds``;
+    standardized scale) and the moments of the effective coefficients on the original scale."""
+    qd = model.qd
     s = model.scaling(g)
     # effective coefficients: E[u] = s * mu; Cov(u_d) = (s s^T) * Sigma + diag(s (1 - s) Omega_kk)
-    mean_eff = mu.copy()
+    mean_eff = np.array(mu, dtype=float, copy=True)
     mean_eff[:qd] = s * mu[:qd]
     cov_eff = Sdd * np.outer(s, s)
     cov_eff[np.diag_indices(qd)] += s * (1.0 - s) * (var[:qd] + mu[:qd] ** 2)
@@ -226,21 +252,10 @@ def laplace_zero_arrays(model, res, M):
     mean_o = mean_eff.copy()
     mean_o[:qd] = M @ mean_eff[:qd]
     cov_o = M @ cov_eff @ M.T
-    var_o = var.copy()
+    var_o = np.array(var, dtype=float, copy=True)
     var_o[:qd] = np.diag(cov_o)
-    qv = q["variances"]
-    out = {
-        "theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
-        "var_shape": np.atleast_1d(qv.a).astype(float), "var_scale": np.atleast_1d(qv.b).astype(float),
-        "elbo": res.elbo,
-        "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds,
-        "q_gamma": g, "q_eta": q["eta"], "q_b": np.asarray(q["mu_b"], float), "q_chi": q["chi"],
-    }
-    if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
-        out["theta_cov_ss_blocks"] = post.sparse_block_cov()
-    if model.covs:
-        out.update(covariance_arrays(q["covariances"]))
-    return out
+    return {"theta_mean": mean_o, "theta_var": var_o, "theta_cov_dense": cov_o, "theta_cov_ds": M @ cov_ds,
+            "q_mean": mu, "q_var": var, "q_cov_dense": Sdd, "q_cov_ds": Sds, "q_gamma": g}
 
 
 # --------------------------------------------------------------------------- missing predictors imputed

@@ -177,7 +177,7 @@ class SelectionFit(Fit):
         tables.append((f"Inclusion ({len(self.selected)} of {len(inc)} terms in the median probability "
                        "model, p_include > 0.5)", inc[cols]))
         if self.rho_curve is not None:
-            tables.append(("rho chosen by the ELBO of the VB fit on the grid", self.rho_curve.set_index("rho")))
+            tables.append(("rho chosen by the ELBO of the mean-field VB fit on the grid", self.rho_curve.set_index("rho")))
         return tables
 
     def diagnostics(self):

@@ -166,6 +166,10 @@ class EPResult:
         self.diag_cov = post.diag_cov()
 
 
+#: Damping factor per sweep once ``expectation_propagation`` anneals (see there).
+ANNEAL_FACTOR = 0.97
+
+
 class _Sweep:
     """One parallel EP pass from sites ``x = (prec, shift)``: the Gaussian, its cavities and the
     undamped new sites. The first ``n`` entries are the hinge sites; with ``prior`` (prior sites
@@ -237,7 +241,7 @@ def _site_terms(log_zi, m, v, cm, cv):
 
 
 def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, tol=1e-6, max_sweeps=500,
-                            accelerate=True):
+                            accelerate=True, anneal_after=None):
     r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
 
     Parameters
@@ -268,6 +272,12 @@ def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, 
         from ``x0``, ``x1 = F(x0)``, ``x2 = F(x1)``, step ``s = -|r|/|v|`` (``r = x1 - x0``,
         ``v = x2 - x1 - r``), proposal ``x0 - 2 s r + s^2 v``; kept only if its site precisions are
         non-negative and its residual is below that of ``x1`` (otherwise ``x2``).
+    anneal_after : int, optional
+        After this many sweeps without convergence, shrink the damping by a factor
+        :data:`ANNEAL_FACTOR` every sweep (no extrapolation) and stop when the damped step is below
+        ``tol``: the sites then settle where an oscillation (which non-log-concave prior sites can
+        have: correlated terms taking turns in the model) has brought them, not at a fixed point;
+        the result's ``annealed`` says so.
 
     Returns
     -------
@@ -282,7 +292,7 @@ def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, 
     tau = np.asarray(tau, dtype=float)
     delta = float(damping)
     last = np.inf
-    converged = False
+    converged = annealed = False
     sweeps = 0
     good = None  # the last pass with finite moments
     while sweeps < max_sweeps:
@@ -301,6 +311,14 @@ def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, 
         if cur.change < tol:
             converged = True
             break
+        if anneal_after is not None and sweeps > anneal_after:
+            annealed = True
+            delta *= ANNEAL_FACTOR
+            if cur.change * delta < tol:
+                converged = True
+                break
+            x = cur.damped(delta)
+            continue
         if cur.change > 2.0 * last and sweeps > 5:  # divergence, not the transient of the first sweeps
             delta = max(0.05, 0.5 * delta)
         last = cur.change
@@ -343,6 +361,7 @@ def expectation_propagation(model, tau, *, sites=None, prior=None, damping=0.5, 
         raise FloatingPointError("EP failed: the Gaussian of the sites has no finite moments at these "
                                  "prior precisions.")
     res = EPResult(good.post, good.prec, good.shift, good.log_z(), converged, sweeps)
+    res.annealed = annealed
     if prior is not None:  # the prior sites' tilted moments and cavities of the pass read
         res.tilted, res.prior_cavity = good.tilted, (good.pcm, good.pcv)
     return res
@@ -421,6 +440,7 @@ class _Evidence:
         self.n_ep = 0
         self.n_sweeps = 0
         self.unconverged = 0
+        self.annealed = 0
         self.failed = 0
 
     @property
@@ -465,6 +485,7 @@ class _Evidence:
         self.n_ep += 1
         self.n_sweeps += res.n_sweeps
         self.unconverged += not res.converged
+        self.annealed += res.annealed
         m = self.model
         lp = res.log_z + float(np.sum(log_prior_eta(eta, m.A, m.B)))
         grad = self.gradient(eta, res)
@@ -610,7 +631,8 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
 
 
 def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
-                        max_sweeps=500, correct_variance=False, evidence=None, newton_steps=30) -> GridPosterior:
+                        max_sweeps=500, correct_variance=False, evidence=None, newton_steps=30,
+                        mode_sd_tol=0.05, warn_unconverged=True, anneal_after=None) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
     Parameters
@@ -646,13 +668,20 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     newton_steps : int
         Maximum quasi-Newton iterations of the mode search after its EM steps (0: the grid is
         centred where the EM steps end; it is explored outward from there all the same).
+    mode_sd_tol : float
+        The mode search stops when a step is below this many posterior sds of ``eta``.
+    anneal_after : int, optional
+        Passed to :func:`expectation_propagation`.
+    warn_unconverged : bool
+        Warn when EP did not converge at some grid point (the caller may judge by the points'
+        weights instead: ``fits[g].converged``).
 
     Returns
     -------
     GridPosterior
     """
     start = time.perf_counter()
-    options = {"damping": damping, "tol": tol, "max_sweeps": max_sweeps}
+    options = {"damping": damping, "tol": tol, "max_sweeps": max_sweeps, "anneal_after": anneal_after}
     ev = _Evidence(model, options, correct=correct_variance) if evidence is None else evidence(model, options)
     K = ev.n_variances
     if K == 0:
@@ -660,11 +689,11 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         if res is None:
             raise FloatingPointError("EP found no finite Gaussian for this model (fixed prior precisions).")
         return GridPosterior(np.zeros((1, 0)), np.array([lp]), [res], np.zeros((0, 0)), np.zeros(0),
-                             np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged,
+                             np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "annealed": ev.annealed,
                                                  "seconds": time.perf_counter() - start, "failed": ev.failed})
     if dz is None:
         dz = {1: 1.0, 2: 0.75}.get(K, 1.0)
-    mode, H, n_newton = _find_mode(ev, K, max_iter=newton_steps)
+    mode, H, n_newton = _find_mode(ev, K, max_iter=newton_steps, sd_tol=mode_sd_tol)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
                       ConvergenceWarning, stacklevel=3)
@@ -715,12 +744,13 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     lp = np.array([points[k][0] + delta[k] for k in keys])
     fits = [points[k][2] for k in keys]
     info = {"n_ep": ev.n_ep, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "failed": ev.failed,
+            "annealed": ev.annealed,
             "newton_iterations": n_newton, "seconds": time.perf_counter() - start}
     if ev.failed:
         warnings.warn(f"EP had no finite solution at {ev.failed} variance values (extreme variances at which "
                       "the model can put every point beyond the margin, or the prior dominates); they get zero weight.",
                       ConvergenceWarning, stacklevel=3)
-    if ev.unconverged:
+    if ev.unconverged and warn_unconverged:
         warnings.warn(f"EP did not converge at {ev.unconverged} of {ev.n_ep} variance values; increase "
                       "max_sweeps or lower damping.", ConvergenceWarning, stacklevel=3)
     return GridPosterior(eta, lp, fits, step, mode, H, info)
