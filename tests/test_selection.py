@@ -674,12 +674,12 @@ def test_rho_auto_picks_the_best_elbo_on_the_grid(small):
     assert list(curve["rho"]) == grid
     assert fit.rho == grid[int(np.argmax(curve["elbo"]))]
     assert curve["chosen"].sum() == 1
-    one = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=0.2))
+    one = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=0.2), method="meanfield")
     assert curve.loc[curve["rho"] == 0.2, "elbo"].item() == pytest.approx(one.elbo[-1], rel=1e-10)
     assert "rho chosen" in fit.summary().as_text()
 
 
 def test_nonconvergence_warns(small):
     with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
-        fit = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=0.2), max_iter=3)
+        fit = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=0.2), method="meanfield", max_iter=3)
     assert not fit.info["converged"]

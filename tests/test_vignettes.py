@@ -63,7 +63,7 @@ def _check_contents(name, out, stdout):
     elif name == "spam_selection":
         table = pd.read_csv(out / "results/spam_inclusion_quick.csv", index_col=0)
         assert len(table) == 57
-        assert table[["p_include_vb", "p_include_gibbs"]].stack().between(0, 1).all()
+        assert table[["p_include_meanfield", "p_include_vb", "p_include_gibbs"]].stack().between(0, 1).all()
     elif name == "acath_missing":
         table = pd.read_csv(out / "results/acath_ber_quick.csv")
         assert len(table) == 2

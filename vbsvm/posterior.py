@@ -449,8 +449,11 @@ class SpikeSlabApproximation(GaussianApproximation):
 
     def arviz_attrs(self, info) -> dict:
         out = super().arviz_attrs(info)
-        out["q"] = ("theta ~ N(q_mean, q_cov) (standardized scale); gamma_k ~ Bernoulli(q_gamma_k); "
-                    "b_k ~ InverseGaussian(q_b_k, 1); sigma2_k ~ IG(var_shape_k, var_scale_k); see group 'vbsvm'")
+        mixing = ("b_k ~ InverseGaussian(q_b_k, 1); " if "q_b" in self.arrays else
+                  "(EP over a variance grid: the slab's moments and the inclusion probabilities are the tilted ones, "
+                  "mixed over the grid); ")
+        out["q"] = ("theta ~ N(q_mean, q_cov) (standardized scale); gamma_k ~ Bernoulli(q_gamma_k); " + mixing
+                    + "sigma2_k ~ IG(var_shape_k, var_scale_k); see group 'vbsvm'")
         return out
 
 

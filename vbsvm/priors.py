@@ -11,7 +11,7 @@ Laplace (double-exponential) slab whose scale is inferred,
 
 The prior on model size is the one a user thinks in: ``rho`` directly (the prior inclusion
 probability of each term), ``expected_size=k`` (``rho = k / m`` with ``m`` selectable terms), or
-``rho="auto"`` (``rho`` chosen on a grid by the evidence lower bound of the VB fit).
+``rho="auto"`` (``rho`` chosen on a grid by the evidence lower bound of the mean-field VB fit).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ class LaplaceZero:
     rho : float or "auto", default 0.01
         Prior probability that a selectable term is in the model (the paper's ``rho``; 0.01 is
         its spam setting). ``"auto"`` chooses ``rho`` from ``rho_grid`` by the evidence lower
-        bound (ELBO) of the VB fit, which keeps every constant and so is comparable across
-        ``rho``; the chosen value and the ELBO curve are reported by the fit
-        (``fit.rho``, ``fit.rho_curve``). With ``method="gibbs"`` the sampler is then run at the
-        chosen value.
+        bound (ELBO) of the mean-field VB fit, which keeps every constant and so is comparable
+        across ``rho``; the chosen value and the ELBO curve are reported by the fit
+        (``fit.rho``, ``fit.rho_curve``). The fit's method (calibrated VB, Gibbs) is then run at
+        the chosen value.
     expected_size : float, optional
         Prior expected number of selected terms ``k``; sets ``rho = k / m`` where ``m`` is the
         number of selectable terms. Give either ``rho`` or ``expected_size``, not both.

@@ -56,7 +56,7 @@ class SelectionFit(Fit):
 
     @property
     def rho_curve(self) -> pd.DataFrame | None:
-        """``rho="auto"``: the ELBO of the VB fit for each ``rho`` on the grid (else ``None``).
+        """``rho="auto"``: the ELBO of the mean-field VB fit for each ``rho`` on the grid (else ``None``).
 
         Columns ``rho``, ``expected_size`` (``rho * m``), ``elbo`` and ``chosen``.
         """

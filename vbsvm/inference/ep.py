@@ -153,6 +153,10 @@ class EPResult:
     n_sweeps : int
     grad_correction : ndarray (K,)
         Set by the variance integration: corrected minus EP gradient of ``log p~(eta | y)``.
+    annealed : bool
+        Set by :func:`expectation_propagation`: the damping was annealed (not a fixed point).
+    tilted, prior_cavity
+        With prior sites only: their tilted moments and ``(mean, variance)`` of their cavities.
     """
 
     def __init__(self, post, site_prec, site_shift, log_z, converged, n_sweeps):
@@ -689,8 +693,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         if res is None:
             raise FloatingPointError("EP found no finite Gaussian for this model (fixed prior precisions).")
         return GridPosterior(np.zeros((1, 0)), np.array([lp]), [res], np.zeros((0, 0)), np.zeros(0),
-                             np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "annealed": ev.annealed,
-                                                 "seconds": time.perf_counter() - start, "failed": ev.failed})
+                             np.zeros((0, 0)), {"n_ep": 1, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged,
+                                                 "annealed": ev.annealed, "seconds": time.perf_counter() - start,
+                                                 "failed": ev.failed})
     if dz is None:
         dz = {1: 1.0, 2: 0.75}.get(K, 1.0)
     mode, H, n_newton = _find_mode(ev, K, max_iter=newton_steps, sd_tol=mode_sd_tol)

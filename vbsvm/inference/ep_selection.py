@@ -27,24 +27,39 @@ the inclusion probability is :math:`\pi_k = \rho Z_1/Z` and the tilted moments
 **Negative site precisions.** The tilted distribution is not log-concave: when both "in" and
 "out" are plausible its variance exceeds the cavity's and the moment-matching site has a
 negative precision, which can make q improper. The site precision is therefore floored at 0
-and its shift set so that q's mean still equals the tilted mean (Hernández-Lobato et al. 2015,
-EP for spike-and-slab linear regression, use the same floor); where the floor binds, q's variance of
-:math:`u_k` is the cavity's, smaller than the tilted one. The summaries do not use q's
-marginals of :math:`u_k`: they report the tilted spike-and-slab itself (below).
+and its shift set so that q's mean still equals the tilted mean; where the floor binds, q's
+variance of :math:`u_k` is the cavity's, smaller than the tilted one. The summaries do not use
+q's marginals of :math:`u_k`: they report the tilted spike-and-slab itself (below).
+
+**Fixed points.** Spike-and-slab EP has several fixed points, and parallel EP can oscillate
+between terms that stand in for each other. The first run starts from the hinge sites of the
+ridge model whose Gaussian prior has the slab's variance (started from the prior, EP pinned
+spam's ``your`` and ``make`` at 0: log Z_EP -2041.7 instead of -2026.5); later runs continue
+from the last fixed point, which keeps the log density of the variances smooth along the grid.
+A run that has not converged after :data:`SELECTION_ANNEAL_AFTER` sweeps shrinks its damping
+geometrically (``expectation_propagation(anneal_after=...)``): the sites settle, not at a fixed
+point, and a warning gives the posterior weight of such runs (breast_cancer: most of it).
 
 **Evidence and the Laplace scale.** The EP log marginal pseudo-likelihood is that of
 :mod:`vbsvm.inference.ep` with the prior-site terms added (coordinates with prior sites have no
-Gaussian prior factor). At an EP fixed point its derivative in :math:`\eta_u = \log\sigma_u^2`
-is :math:`\sum_k \partial \log Z_k/\partial\eta_u` with the cavities held fixed (Seeger 2005);
-the other variance components keep the Gaussian formula. :math:`\sigma_u^2` (and the
-random-intercept variances) are integrated over the grid of
+Gaussian prior factor, :meth:`vbsvm.inference.ep._Sweep.log_z`). At an EP fixed point its
+derivative in :math:`\eta_u = \log\sigma_u^2` is :math:`\sum_k \partial \log Z_k/\partial\eta_u`
+with the cavities held fixed (tested to 1e-5; about 1% off where a site's precision is floored,
+which only steers the search for the mode); the other variance components keep the Gaussian
+formula. :math:`\sigma_u^2` (and the random-intercept variances) are integrated over the grid of
 :func:`vbsvm.inference.ep.integrate_variances`.
 
 **Reported posterior.** Per grid point, the inclusion probability and the slab's mean and
-variance of each term are the tilted ones at the fixed point; over the grid they are mixed by
-the grid weights. The fit stores them in the spike-and-slab form of the mean-field fit: the
-slab as a Gaussian with those moments and with the correlations of the EP Gaussian
-(:class:`~vbsvm.posterior.SpikeSlabApproximation` reads both the same way).
+variance of each term are the tilted ones at the fixed point; at the heaviest grid point they
+are corrected with the exact hinge factors along each coefficient (:func:`corrected_inclusion`),
+and the change (of the logit and of the slab's mean and variance) is carried to the other
+points. Over the grid they are mixed by the grid weights. The fit stores them in the
+spike-and-slab form of the mean-field fit: the slab as a Gaussian with those moments and with
+the correlations of the EP Gaussian (:class:`~vbsvm.posterior.SpikeSlabApproximation` reads
+both the same way).
+
+Measured against Gibbs (``benchmarks/spam_selection.py``): see the README, section "VB against
+MCMC".
 """
 
 from __future__ import annotations
@@ -75,12 +90,15 @@ MIN_SITE_PRECISION = 0.0
 #: radius, perimeter and area), parallel EP can oscillate, the terms taking turns in the model;
 #: after :data:`SELECTION_ANNEAL_AFTER` sweeps the damping shrinks geometrically so that the
 #: sites settle (``info["annealed"]`` counts such runs; a warning names their posterior weight),
-#: and :data:`SELECTION_MAX_SWEEPS` caps the rest. Grid: step 1.5 sd, drop 4.5 (the inclusion
-#: probabilities change little with sigma_u: 6 grid points on spam).
+#: and :data:`SELECTION_MAX_SWEEPS` caps the rest. Grid: step 1.5 sd, explored while the log
+#: density is within 4 of the mode's (the inclusion probabilities change little with sigma_u:
+#: 5 grid points on spam; with a drop of 4.5 the next point out, of weight e^-15, switched to
+#: another fixed point and cost 250 sweeps, a third of the fit).
 SELECTION_TOL = 1e-2
 SELECTION_ANNEAL_AFTER = 100
 SELECTION_MAX_SWEEPS = 300
 SELECTION_DZ = 1.5
+SELECTION_DROP = 4.0
 
 
 class SpikeSlabTilted(NamedTuple):
@@ -314,7 +332,8 @@ def fit_calibrated_selection(model, settings=None) -> dict:
     start = time.perf_counter()
     base = model.base
     with limit_blas(getattr(model, "blas_work", 0.0)):
-        grid = integrate_variances(base, dz=settings.get("ep_dz", SELECTION_DZ), drop=settings.get("ep_drop", 4.5),
+        grid = integrate_variances(base, dz=settings.get("ep_dz", SELECTION_DZ),
+                                   drop=settings.get("ep_drop", SELECTION_DROP),
                                    damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", SELECTION_TOL),
                                    max_sweeps=settings.get("ep_max_sweeps", SELECTION_MAX_SWEEPS),
                                    anneal_after=settings.get("ep_anneal_after", SELECTION_ANNEAL_AFTER),
@@ -322,8 +341,8 @@ def fit_calibrated_selection(model, settings=None) -> dict:
                                    evidence=lambda _, options: SpikeSlabEvidence(model, options))
     stuck = sum(wk for wk, f in zip(grid.weights, grid.fits) if f.annealed or not f.converged)
     if stuck > 0.05:
-        warnings.warn(f"EP for the Laplace-zero prior did not reach a fixed point at variance values carrying {stuck:.0%} "
-                      "of the posterior weight (correlated terms taking turns in the model); its sites were "
+        warnings.warn(f"EP for the Laplace-zero prior did not reach a fixed point at variance values carrying "
+                      f"{stuck:.0%} of the posterior weight (correlated terms taking turns in the model); its sites were "
                       "frozen by annealed damping. Check the inclusion probabilities with method='gibbs'.",
                       ConvergenceWarning, stacklevel=4)
     mean, var, cov_d, cov_ds, _ = _moments(grid, base, np.eye(base.qd))

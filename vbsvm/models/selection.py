@@ -50,7 +50,9 @@ intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafin
 from 14 to 62; the random intercepts then move as in the linear model (non-centred variance,
 shift, levels: :meth:`LaplaceZeroModel.random_intercept_moves`).
 
-Mean-field VB (Algorithm 3) with
+The calibrated ``method="vb"`` is expectation propagation with the spike-and-slab factors as
+sites (:mod:`vbsvm.inference.ep_selection`), built on the base linear model; this module holds
+the paper's mean-field VB (``method="meanfield"``, Algorithm 3) with
 :math:`q(\theta) q(\sigma^2) \prod_i q(a_i) \prod_k q(b_k) q(\gamma_k)`:
 
 .. math::

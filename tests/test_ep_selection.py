@@ -1,0 +1,274 @@
+"""Expectation propagation for the Laplace-zero prior (vbsvm.inference.ep_selection).
+
+Checks against independent computations: the spike-and-slab tilted moments by adaptive
+quadrature; the EP fixed point by a plain dense transcription (every matrix formed and inverted,
+every tilted moment by quadrature); the gradient of the log density of log sigma_u^2 by finite
+differences; a one-predictor fit against the exact posterior by two-dimensional quadrature; the
+factorized inclusion correction against its definition; and the API's choice of approximation.
+"""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import integrate, stats
+from scipy.special import expit
+
+import vbsvm
+from vbsvm.exceptions import ConvergenceWarning
+from vbsvm.inference import ep
+from vbsvm.inference.ep_selection import (SpikeSlabEvidence, SpikeSlabSites, corrected_inclusion,
+                                          fit_calibrated_selection, spike_slab_tilted)
+from vbsvm.inference.vb import coordinate_ascent
+from vbsvm.models.selection import LaplaceZeroModel
+from vbsvm.priors import LaplaceZero
+
+
+def quad_spike_slab(m, v, rho, s):
+    """log Z, mean, var, P(in), slab mean and var of N(u; m, v)[(1-rho) delta_0 + rho Laplace(0, s)]."""
+    sd = np.sqrt(v)
+    lo, hi = m - 40 * sd, m + 40 * sd
+    pts = [0.0, m] if lo < 0 < hi else [m]
+
+    def mom(k):
+        fn = lambda u: u ** k * stats.norm.pdf(u, m, sd) * np.exp(-abs(u) / s) / (2 * s)  # noqa: E731
+        return integrate.quad(fn, lo, hi, points=pts, limit=500, epsabs=0, epsrel=1e-12)[0]
+
+    z1, m1, m2 = mom(0), mom(1), mom(2)
+    z = (1 - rho) * stats.norm.pdf(0.0, m, sd) + rho * z1
+    mean = rho * m1 / z
+    return np.log(z), mean, rho * m2 / z - mean ** 2, rho * z1 / z, m1 / z1, m2 / z1 - (m1 / z1) ** 2
+
+
+@pytest.mark.parametrize("m,v,rho,s", [(0.3, 0.2, 0.1, 0.5), (2.0, 0.01, 0.01, 0.3), (-1.5, 2.0, 0.5, 1.0),
+                                       (0.0, 1e-4, 0.01, 1.0), (5.0, 0.05, 0.3, 0.1), (-40.0, 1.0, 0.2, 0.5)])
+def test_spike_slab_tilted_matches_quadrature(m, v, rho, s):
+    t = spike_slab_tilted(np.array([m]), np.array([v]), np.log(rho), np.log1p(-rho), s)
+    want = quad_spike_slab(m, v, rho, s)
+    got = [t.log_z[0], t.mean[0], t.var[0], t.p_include[0], t.slab_mean[0], t.slab_var[0]]
+    np.testing.assert_allclose(got, want, rtol=1e-8, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- small problem
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(5)
+    n, p = 80, 4
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, p))])
+    f = X @ np.array([0.2, 1.5, -1.0, 0.0, 0.1])
+    y = np.where(rng.random(n) < expit(2 * f), 1.0, -1.0)
+    select = np.array([False, True, True, True, True])
+    return LaplaceZeroModel(X, y, [], select, rho=0.3, A=1.0, B=1.0, intercept=0)
+
+
+def quad_hinge(y, m, v):
+    """Mean and variance of N(f; m, v) exp(-2 (1 - y f)_+) by quadrature."""
+    sd = np.sqrt(v)
+    lo, hi = m - 40 * sd, m + 40 * sd
+
+    def mom(k):
+        fn = lambda f: f ** k * stats.norm.pdf(f, m, sd) * np.exp(-2 * max(0.0, 1 - y * f))  # noqa: E731
+        return integrate.quad(fn, lo, hi, points=[y] if lo < y < hi else None, limit=400, epsabs=0,
+                              epsrel=1e-12)[0]
+
+    z = mom(0)
+    e1 = mom(1) / z
+    return e1, mom(2) / z - e1 ** 2
+
+
+def test_fixed_point_matches_dense_transcription(small):
+    """At the converged sites, one parallel EP update written out densely (P formed and inverted,
+    tilted moments by quadrature, the prior sites' precision floored at 0 with the mean matched)
+    returns the same sites."""
+    model = small
+    base = model.base
+    eta = np.array([np.log(0.8)])
+    sites = SpikeSlabSites(model.sel, model.log_rho, model.log_1mrho, float(np.exp(0.5 * eta[0])))
+    tau = base.prior_precision(np.exp(-eta))
+    res = ep.expectation_propagation(base, tau, prior=sites, tol=1e-11, max_sweeps=20000)
+    assert res.converged and not res.annealed
+    n, C, y = model.n, base.Cd, model.y
+    tp, tn = res.site_prec[:n], res.site_shift[:n]
+    pp, ps = res.site_prec[n:], res.site_shift[n:]
+    T = tau.copy()
+    T[model.sel] = pp
+    b = C.T @ tn
+    b[model.sel] += ps
+    Sigma = np.linalg.inv(C.T @ (tp[:, None] * C) + np.diag(T))
+    mu = Sigma @ b
+    mf, vf = C @ mu, np.einsum("ij,jk,ik->i", C, Sigma, C)
+    for i in range(n):
+        cv = 1 / (1 / vf[i] - tp[i])
+        cm = cv * (mf[i] / vf[i] - tn[i])
+        e1, var = quad_hinge(y[i], cm, cv)
+        assert 1 / var - 1 / cv == pytest.approx(tp[i], rel=1e-6, abs=1e-9)
+        assert e1 / var - cm / cv == pytest.approx(tn[i], rel=1e-6, abs=1e-9)
+    for k, j in enumerate(model.sel):
+        cv = 1 / (1 / Sigma[j, j] - pp[k])
+        cm = cv * (mu[j] / Sigma[j, j] - ps[k])
+        _, mean, var, *_ = quad_spike_slab(cm, cv, model.rho, sites.scale)
+        prec = max(1 / var - 1 / cv, 0.0)
+        assert prec == pytest.approx(pp[k], rel=1e-6, abs=1e-9)
+        assert mean * (1 / cv + prec) - cm / cv == pytest.approx(ps[k], rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("select, rel", [([False, True, True, False, False], 1e-5),
+                                         ([False, True, False, True, False], 2e-2)])
+def test_gradient_of_log_density_of_sigma_u_matches_finite_differences(small, select, rel):
+    """At an EP fixed point the derivative of log Z_EP in eta = log sigma_u^2 is that of the
+    prior sites' normalizers with the cavities held (checked here to 1e-5 with both terms clearly
+    in). Where a prior site's precision is floored (x3, inclusion 0.37: moment matching asks for
+    -8.3) the fixed point is not EP's and the formula is off by about 1%: it only steers the
+    search for the mode; the grid uses the log density itself."""
+    model = LaplaceZeroModel(small.base.Cd, small.y, [], np.array(select), rho=0.3, A=1.0, B=1.0, intercept=0)
+    ev = SpikeSlabEvidence(model, {"damping": 0.5, "tol": 1e-11, "max_sweeps": 20000})
+    for eta0 in (np.log(0.8), np.log(3.0)):
+        eta, h = np.array([eta0]), 1e-4
+        lp, grad, _ = ev.run(eta)
+        up, down = ev.run(eta + h)[0], ev.run(eta - h)[0]
+        assert grad[0] == pytest.approx((up - down) / (2 * h), rel=rel, abs=1e-7)
+
+
+@pytest.mark.parametrize("seed, effect, tol", [(0, 0.2, 0.03), (1, 1.0, 0.03), (2, 0.0, 0.25)])
+def test_log_z_ep_of_one_coefficient_close_to_exact(seed, effect, tol):
+    """One selectable coefficient, no intercept: log Z_EP against
+    log[(1 - rho) L(0) + rho int Laplace(u) L(u) du] by quadrature (L the hinge pseudo-likelihood).
+    A slip in the normalizers (e.g. a missing 1/2 log 2 pi for the coordinate without a Gaussian
+    prior) moves it by ~0.9. Measured: 0.015 and 0.01 where the term is clearly in; 0.19 where
+    inclusion is ambiguous (seed 2): a single Gaussian holds only one of the spike and the slab."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    x = rng.normal(size=n)
+    y = np.where(rng.random(n) < expit(2 * effect * x), 1.0, -1.0)
+    model = LaplaceZeroModel(x[:, None], y, [], np.array([True]), rho=0.3, A=1.0, B=1.0)
+    base = model.base
+    scale = 0.7
+    sites = SpikeSlabSites(model.sel, model.log_rho, model.log_1mrho, scale)
+    res = ep.expectation_propagation(base, base.prior_precision(np.array([1.0])), prior=sites, tol=1e-11,
+                                     max_sweeps=20000)
+    log_lik = lambda u: -2.0 * np.maximum(0.0, 1.0 - y * x * u).sum()  # noqa: E731
+    kinks = sorted(1.0 / (y * x))
+    slab = integrate.quad(lambda u: np.exp(log_lik(u) - abs(u) / scale) / (2 * scale), -30, 30,
+                          points=[k for k in kinks if abs(k) < 30] + [0.0], limit=2000)[0]
+    exact = np.log((1 - model.rho) * np.exp(log_lik(0.0)) + model.rho * slab)
+    assert res.log_z == pytest.approx(exact, abs=tol)
+
+
+# --------------------------------------------------------------------------- exact one-predictor case
+def _one_predictor_exact(x, y, rho, A, B):
+    """P(gamma = 1 | y), P(u > 0 | y), E[u | y] by quadrature over (intercept, u, sigma_u^2)."""
+    from test_selection import _laplace_zero_marginal_prior
+
+    b0 = np.linspace(-4, 4, 321)
+    u = np.linspace(-4, 4, 641)
+    F = b0[:, None, None] + u[None, :, None] * x[None, None, :]
+    L = -2 * np.maximum(0, 1 - y * F).sum(-1)
+    L = np.exp(L - L.max()) * stats.norm.pdf(b0, 0, 1e4)[:, None]
+    pu = _laplace_zero_marginal_prior(u, A, B)
+    Z1 = np.trapezoid(np.trapezoid(L * pu[None, :], u, axis=1), b0)
+    Z0 = np.trapezoid(L[:, np.argmin(np.abs(u))], b0)
+    den = rho * Z1 + (1 - rho) * Z0
+    pos = u >= 0
+    wpos = np.trapezoid(np.trapezoid((L * pu[None, :])[:, pos], u[pos], axis=1), b0)
+    mean = np.trapezoid(np.trapezoid(L * pu[None, :] * u[None, :], u, axis=1), b0)
+    return rho * Z1 / den, rho * wpos / den, rho * mean / den
+
+
+@pytest.mark.parametrize("seed", [3, 4, 12])
+def test_one_predictor_inclusion_close_to_exact(seed):
+    """One selectable predictor plus intercept (the setting of the Gibbs quadrature test): the
+    calibrated fit's P(gamma = 1), P(u > 0) and E[u] against the exact pseudo-posterior (sigma_u^2
+    integrated). Measured errors of P(gamma = 1): 0.048, 0.023, 0.030 on these seeds (exact 0.56,
+    0.26, 0.14); the mean-field fit puts it at 1, 0, 0."""
+    rng = np.random.default_rng(seed)
+    n = 30
+    x = rng.normal(size=n)
+    y = np.where(rng.random(n) < expit(0.4 + 0.6 * x), 1, -1)
+    df = pd.DataFrame({"y": y, "x": x})
+    rho, A, B = 0.3, 1.0, 1.0
+    p_exact, ppos_exact, mean_exact = _one_predictor_exact(x, y, rho, A, B)
+    fit = vbsvm.svm("y ~ x", df, prior=LaplaceZero(rho=rho), standardize=False, A_u=A, B_u=B)
+    assert fit.info["approximation"].startswith("calibrated")
+    inc = fit.inclusion().loc["x"]
+    assert inc["p_include"] == pytest.approx(p_exact, abs=0.06)
+    assert inc["p_positive"] == pytest.approx(ppos_exact, abs=0.06)
+    assert inc["mean"] == pytest.approx(mean_exact, abs=0.05 * max(1.0, abs(mean_exact)))
+
+
+def test_corrected_inclusion_is_its_definition_on_a_grid(small):
+    """The corrected inclusion probability equals the ratio of the slab and spike masses of
+    cavity x exact prior x site corrections, integrated here by the trapezoid rule on a finer grid."""
+    model = small
+    base = model.base
+    eta = np.array([np.log(0.8)])
+    sites = SpikeSlabSites(model.sel, model.log_rho, model.log_1mrho, float(np.exp(0.5 * eta[0])))
+    res = ep.expectation_propagation(base, base.prior_precision(np.exp(-eta)), prior=sites, tol=1e-10,
+                                     max_sweeps=20000)
+    p, mean, var = corrected_inclusion(res, base, sites)
+    cm, cv = res.prior_cavity
+    for k, j in enumerate(model.sel):
+        sd = np.sqrt(cv[k])
+        x = cm[k] + sd * np.linspace(-10, 10, 2001)
+        L = np.zeros((1, base.qd))
+        L[0, j] = 1
+        eps = ep.log_site_corrections(res, base, L, x[None, :])[0]
+        eps0 = ep.log_site_corrections(res, base, L, np.zeros((1, 1)))[0, 0]
+        slab = stats.norm.pdf(x, cm[k], sd) * np.exp(eps - eps0) * np.exp(-np.abs(x) / sites.scale) / (2 * sites.scale)
+        z1 = np.trapezoid(slab, x)
+        want = model.rho * z1 / (model.rho * z1 + (1 - model.rho) * stats.norm.pdf(0, cm[k], sd))
+        assert p[k] == pytest.approx(want, abs=2e-3)
+        assert mean[k] == pytest.approx(np.trapezoid(slab * x, x) / z1, abs=0.02 * sd)
+
+
+# --------------------------------------------------------------------------- EP mechanics and API
+def test_annealed_damping_stops_and_says_so(small):
+    base = small.base
+    sites = SpikeSlabSites(small.sel, small.log_rho, small.log_1mrho, 1.0)
+    tau = base.prior_precision(np.array([1.0]))
+    res = ep.expectation_propagation(base, tau, prior=sites, tol=1e-12, max_sweeps=2000, anneal_after=3,
+                                     accelerate=False)
+    assert res.annealed and res.converged and res.n_sweeps < 2000
+    plain = ep.expectation_propagation(base, tau, prior=sites, tol=1e-12, max_sweeps=20000)
+    assert not plain.annealed
+
+
+def test_annealed_grid_points_warn(small):
+    with pytest.warns(ConvergenceWarning, match="annealed damping"):
+        out = fit_calibrated_selection(small, {"ep_anneal_after": 1, "ep_tol": 1e-12})
+    assert out["info"]["annealed"] > 0
+
+
+def test_default_vb_is_calibrated_and_meanfield_is_algorithm3():
+    df = vbsvm.datasets.simulate_sparse(120, 5, 2, seed=1)
+    vb = vbsvm.svm("y ~ .", df, prior=LaplaceZero(rho=0.3))
+    assert vb.info["approximation"].startswith("calibrated") and "log_evidence" in vb.posterior
+    assert "Log evidence (EP)" in vb.summary().as_text()
+    mf = vbsvm.svm("y ~ .", df, prior=LaplaceZero(rho=0.3), method="meanfield", tol=1e-12, max_iter=20000)
+    assert mf.info["approximation"].startswith("mean-field")
+    d = mf.design
+    model = LaplaceZeroModel(d.X, d.y, [], np.array([c != "Intercept" for c in d.column_names]), 0.3,
+                             intercept=0)
+    res = coordinate_ascent(model, tol=1e-12, max_iter=20000)
+    np.testing.assert_allclose(mf.posterior["q_gamma"], res.q["gamma"], rtol=1e-6, atol=1e-9)
+
+
+def test_random_slopes_fall_back_to_meanfield_with_a_note():
+    df = vbsvm.datasets.simulate_sparse(200, 4, 2, seed=2)
+    df["g"] = np.repeat(np.arange(10), 20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fit = vbsvm.svm("y ~ x1 + x2 + x3 + x4 + (1 + x1 | g)", df, prior=LaplaceZero(rho=0.3))
+    assert fit.info["approximation"].startswith("mean-field")
+    assert "random slopes" in fit.info["approximation_note"]
+
+
+def test_random_intercepts_use_two_variance_grid():
+    df = vbsvm.datasets.simulate_sparse(200, 6, 2, seed=21)
+    df["site"] = np.repeat(np.arange(10), 20)
+    fit = vbsvm.svm("y ~ . + (1 | site)", df, prior=LaplaceZero(rho=0.2))
+    assert fit.posterior["grid_eta"].shape[1] == 2
+    vc = fit.varcomp()
+    assert list(vc.index) == ["sigma2_u", "sigma2_site"] and np.all(vc["mean"] > 0)
+    prob = fit.predict(df, kind="prob")
+    assert prob.between(0, 1).all()
