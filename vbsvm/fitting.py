@@ -218,7 +218,9 @@ def laplace_zero_arrays(model, res, M):
     qv = q["variances"]
     out = _spike_slab_arrays(model, post.mean, post.diag_cov(), post.cov_dense(), Sds, q["gamma"], M)
     out.update(var_shape=np.atleast_1d(qv.a).astype(float), var_scale=np.atleast_1d(qv.b).astype(float),
-               elbo=res.elbo, q_eta=q["eta"], q_b=np.asarray(q["mu_b"], float), q_chi=q["chi"])
+               elbo=res.elbo, q_eta=q["eta"])
+    if "mu_b" in q:  # the mean field's q(b) and chi (not in a pool of calibrated fits)
+        out.update(q_b=np.asarray(q["mu_b"], float), q_chi=q["chi"])
     if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
         out["theta_cov_ss_blocks"] = post.sparse_block_cov()
     if model.covs:
@@ -405,7 +407,12 @@ def fit_imputed(design, settings, prior=None):
         record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
         + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
         + (("incl",) if prior is not None else ()),
-        from_draws=from_draws, from_vb=from_vb, not_calibrated="missing='impute'",
+        from_draws=from_draws, from_vb=from_vb,
+        calibrated=(lambda model: _calibrated_imputation(model, settings, from_vb))
+        if cut and completions > 0 and not lin.covariance_components and not getattr(model.svm, "slopes", False)
+        else None,
+        not_calibrated=("missing='impute' with " + ("the joint model" if not cut else "vb_completions=0" if
+                                                     completions < 1 else "random slopes")),
         vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
         monitor=lambda post: fit_class(design=design, layout=layout, method=method, posterior=post,
                                        settings=settings, info=dict(info)).summary_diagnostics())
@@ -417,6 +424,17 @@ def fit_imputed(design, settings, prior=None):
     fit = fit_class(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
     fit.info["summary_notes"] = fit._imputation_notes()
     return fit
+
+
+def _calibrated_imputation(model, settings, from_vb):
+    """The calibrated fit of the conditional imputation model: EP fits pooled over completions
+    (:func:`~vbsvm.inference.pooled.pooled_vb_cut` with ``calibrated=True``), read like the
+    mean-field pool; the log evidence averaged over completions stands in the ELBO's place."""
+    res = pooled.pooled_vb_cut(model, settings, calibrated=True)
+    posterior = from_vb(res)
+    posterior["info"] = dict(res.info, n_sweeps=res.n_sweeps, seconds=res.seconds,
+                             completions_converged=bool(res.converged))
+    return posterior
 
 
 def _imputed_fit_class(prior):

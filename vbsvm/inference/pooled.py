@@ -1,8 +1,10 @@
 """VB of the conditional (cut) imputation model as a mixture over completions.
 
-The engine of ``method="vb"`` (and ``"meanfield"``) with ``missing="impute"`` and
+The engine of ``method="vb"`` and ``"meanfield"`` with ``missing="impute"`` and
 ``imputation="conditional"``: :func:`pooled_vb_cut` fits the imputation model's q, then the
-SVM's mean-field q to each of ``K`` completions drawn from it, and pools them (Rubin's rules).
+SVM's posterior approximation to each of ``K`` completions drawn from it (the mean-field q, or
+with ``calibrated=True`` the EP fit integrated over the variances of
+:func:`vbsvm.inference.ep.fit_calibrated`), and pools them (Rubin's rules).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..distributions import InverseGamma, InverseWishart
+from .ep import fit_calibrated
+from .ep_selection import fit_calibrated_selection
 from .vb import VBResult, coordinate_ascent
 
 __all__ = ["pooled_vb_cut", "PooledGaussian"]
@@ -18,7 +22,7 @@ __all__ = ["pooled_vb_cut", "PooledGaussian"]
 VB_COMPLETIONS = 20
 
 
-def pooled_vb_cut(model, settings):
+def pooled_vb_cut(model, settings, calibrated=False):
     r"""VB of the cut model as a mixture over completions (the default VB of
     ``imputation="conditional"``).
 
@@ -42,6 +46,10 @@ def pooled_vb_cut(model, settings):
     attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
     data, where the pooled mixture is within 0.1 sd.
 
+    With ``calibrated=True`` (the default ``method="vb"`` of the linear SVM without random
+    slopes or selection) each completion is fitted by :func:`vbsvm.inference.ep.fit_calibrated`
+    instead, and its ``log_evidence`` takes the place of the ELBO.
+
     Returns
     -------
     vbsvm.inference.vb.VBResult
@@ -58,34 +66,32 @@ def pooled_vb_cut(model, settings):
     seed = settings.get("draw_seed", settings.get("seed"))
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
     means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_scales = [], [], [], [], [], [], [], []
-    blocks, extra = [], {"gamma": [], "mu_b": [], "chi": []}
+    blocks, extra = [], {}
     slope_blocks = lin.m_sparse and lin.q_sparse > 1
     sweeps, converged, seconds = 0, True, 0.0
     for _ in range(K):
         model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
         if selection:
             svm.refresh_design()
-        res = coordinate_ascent(svm, tol=settings["tol"], max_iter=settings["max_iter"],
-                                accelerate=settings["accelerate"])
-        q = res.q
-        means.append(q["theta_mean"])
-        dcovs.append(q["theta"].cov_dense())
-        vars_.append(q["theta_var"])
-        ds.append(q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)))
+        fitted = (_calibrated_completion if calibrated else _meanfield_completion)(svm, lin, settings)
+        means.append(fitted["mean"])
+        dcovs.append(fitted["cov_dense"])
+        vars_.append(fitted["var"])
+        ds.append(fitted["cov_ds"])
         if slope_blocks:
-            blocks.append(q["theta"].sparse_block_cov())
-        if selection:
-            for key in extra:
-                extra[key].append(np.asarray(q[key], dtype=float))
+            blocks.append(fitted["q"]["theta"].sparse_block_cov())
+        if selection:  # q(gamma) and, for the mean field, q(b) and chi
+            for key in ("gamma", "mu_b", "chi"):
+                if key in fitted["q"]:
+                    extra.setdefault(key, []).append(np.asarray(fitted["q"][key], dtype=float))
         if lin.variance_components:
-            a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
-            s_mean.append(b / (a - 1.0))  # a = A + m/2 > 1 for every component with m >= 2
-            s_var.append(np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf))
-        cov_scales.append([qc.scale for qc in q["covariances"]])
-        elbos.append(res.elbo[-1])
-        sweeps += res.n_sweeps
-        converged &= res.converged
-        seconds += res.seconds
+            s_mean.append(fitted["sigma2_mean"])
+            s_var.append(fitted["sigma2_var"])
+        cov_scales.append([qc.scale for qc in fitted["q"]["covariances"]] if "q" in fitted else [])
+        elbos.append(fitted["elbo"])
+        sweeps += fitted["sweeps"]
+        converged &= fitted["converged"]
+        seconds += fitted["seconds"]
     model.set_cells(iq["cells"])
     means = np.array(means)
     mean = means.mean(axis=0)
@@ -121,6 +127,37 @@ def pooled_vb_cut(model, settings):
     return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
                     n_sweeps=sweeps, seconds=seconds,
                     info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
+
+
+def _meanfield_completion(svm, lin, settings) -> dict:
+    """The mean-field q of one completed data set, in the form :func:`pooled_vb_cut` pools."""
+    res = coordinate_ascent(svm, tol=settings["tol"], max_iter=settings["max_iter"], accelerate=settings["accelerate"])
+    q = res.q
+    out = {"q": q, "mean": q["theta_mean"], "cov_dense": q["theta"].cov_dense(), "var": q["theta_var"],
+           "cov_ds": q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)),
+           "elbo": res.elbo[-1], "sweeps": res.n_sweeps, "converged": res.converged, "seconds": res.seconds}
+    if lin.variance_components:
+        a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
+        out["sigma2_mean"] = b / (a - 1.0)  # a = A + m/2 > 1 for every component with m >= 2
+        out["sigma2_var"] = np.where(a > 2.0, b ** 2 / ((a - 1.0) ** 2 * np.maximum(a - 2.0, 1e-12)), np.inf)
+    return out
+
+
+def _calibrated_completion(svm, lin, settings) -> dict:
+    """The calibrated EP fit of one completed data set: :func:`~vbsvm.inference.ep.fit_calibrated`,
+    or with the Laplace-zero prior :func:`~vbsvm.inference.ep_selection.fit_calibrated_selection`
+    (its slab Gaussian in the place of q(theta), its inclusion probabilities in that of q(gamma))."""
+    if svm is lin:
+        ep = fit_calibrated(lin, dict(settings, chains=1, draws=1))
+        out = {"mean": ep["theta_mean"], "cov_dense": ep["theta_cov_dense"], "var": ep["theta_var"],
+               "cov_ds": ep["theta_cov_ds"]}
+    else:
+        ep = fit_calibrated_selection(svm, settings)
+        out = {"mean": ep["mean"], "cov_dense": ep["cov_dense"], "var": ep["var"], "cov_ds": ep["cov_ds"],
+               "q": {"gamma": ep["p_include"], "covariances": []}}
+    info = ep["info"]
+    return dict(out, sigma2_mean=ep["sigma2_mean"], sigma2_var=ep["sigma2_sd"] ** 2, elbo=ep["log_evidence"],
+                sweeps=info["n_sweeps"], converged=info["unconverged"] == 0, seconds=info["seconds_total"])
 
 
 class PooledGaussian:
