@@ -635,8 +635,8 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
 
 
 def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
-                        max_sweeps=500, correct_variance=False, evidence=None, newton_steps=30,
-                        mode_sd_tol=0.05, warn_unconverged=True, anneal_after=None) -> GridPosterior:
+                        max_sweeps=500, correct_variance=False, evidence=None, mode_sd_tol=0.05,
+                        warn_unconverged=True, anneal_after=None) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
     Parameters
@@ -669,9 +669,6 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         Builds the density of ``eta`` from ``(model, ep_options)`` (default: the Gaussian priors
         of ``model``'s variance components; the Laplace-zero prior passes its own,
         :class:`vbsvm.inference.ep_selection.SpikeSlabEvidence`).
-    newton_steps : int
-        Maximum quasi-Newton iterations of the mode search after its EM steps (0: the grid is
-        centred where the EM steps end; it is explored outward from there all the same).
     mode_sd_tol : float
         The mode search stops when a step is below this many posterior sds of ``eta``.
     anneal_after : int, optional
@@ -698,7 +695,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                                                  "failed": ev.failed})
     if dz is None:
         dz = {1: 1.0, 2: 0.75}.get(K, 1.0)
-    mode, H, n_newton = _find_mode(ev, K, max_iter=newton_steps, sd_tol=mode_sd_tol)
+    mode, H, n_newton = _find_mode(ev, K, sd_tol=mode_sd_tol)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
                       ConvergenceWarning, stacklevel=3)

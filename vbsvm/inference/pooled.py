@@ -46,9 +46,10 @@ def pooled_vb_cut(model, settings, calibrated=False):
     attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
     data, where the pooled mixture is within 0.1 sd.
 
-    With ``calibrated=True`` (the default ``method="vb"`` of the linear SVM without random
-    slopes or selection) each completion is fitted by :func:`vbsvm.inference.ep.fit_calibrated`
-    instead, and its ``log_evidence`` takes the place of the ELBO.
+    With ``calibrated=True`` (the default ``method="vb"`` without random slopes) each completion
+    is fitted by :func:`vbsvm.inference.ep.fit_calibrated` instead, or with the Laplace-zero
+    prior by :func:`vbsvm.inference.ep_selection.fit_calibrated_selection`, and its
+    ``log_evidence`` takes the place of the ELBO.
 
     Returns
     -------
@@ -87,7 +88,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
         if lin.variance_components:
             s_mean.append(fitted["sigma2_mean"])
             s_var.append(fitted["sigma2_var"])
-        cov_scales.append([qc.scale for qc in fitted["q"]["covariances"]] if "q" in fitted else [])
+        cov_scales.append([qc.scale for qc in fitted["q"]["covariances"]])
         elbos.append(fitted["elbo"])
         sweeps += fitted["sweeps"]
         converged &= fitted["converged"]
@@ -150,7 +151,7 @@ def _calibrated_completion(svm, lin, settings) -> dict:
     if svm is lin:
         ep = fit_calibrated(lin, dict(settings, chains=1, draws=1))
         out = {"mean": ep["theta_mean"], "cov_dense": ep["theta_cov_dense"], "var": ep["theta_var"],
-               "cov_ds": ep["theta_cov_ds"]}
+               "cov_ds": ep["theta_cov_ds"], "q": {"covariances": []}}
     else:
         ep = fit_calibrated_selection(svm, settings)
         out = {"mean": ep["mean"], "cov_dense": ep["cov_dense"], "var": ep["var"], "cov_ds": ep["cov_ds"],
