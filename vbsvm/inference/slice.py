@@ -14,7 +14,7 @@ import numpy as np
 __all__ = ["slice_sample", "slice_sample_independent"]
 
 
-def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64):
+def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64, logp_x0=None):
     """One slice-sampling update of a scalar.
 
     Parameters
@@ -31,6 +31,8 @@ def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64):
     max_shrink : int
         Shrinkage steps before giving up and returning ``x0`` (never reached for a proper
         target; a guard against a NaN density).
+    logp_x0 : float, optional
+        ``logp(x0)`` if the caller knows it (saves one evaluation).
 
     Returns
     -------
@@ -39,7 +41,7 @@ def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64):
     logp_x : float
         ``logp(x)``.
     """
-    f0 = logp(x0)
+    f0 = logp(x0) if logp_x0 is None else logp_x0
     level = f0 + math.log(rng.random())  # log of the slice height under the density
     left = x0 - width * rng.random()
     right = left + width

@@ -951,29 +951,42 @@ class LinearSVMModel:
         directions are the coordinates (``v = e_j / ||x_j||``) until tuning has fitted the block's
         covariance, then its principal axes scaled by their sds (``directions``, p x p), which
         decorrelates collinear predictors. Neither depends on w, so the move keeps the marginal
-        posterior; it must be followed by a fresh ``w | theta``."""
+        posterior; it must be followed by a fresh ``w | theta``. The current density is carried
+        from one direction to the next (the slice sampler does not re-evaluate it), and each
+        evaluation works in place in one buffer."""
         tau = self.prior_precision(1.0 / sigma2)[: self.p]
         X = self.Cd[:, : self.p]
         theta = theta.copy()
         beta = theta[: self.p]
-        for j in range(self.p):
-            if directions is None:
-                v = np.zeros(self.p)
-                v[j] = self._fixed_width[j] / 3.0
-                xv = X[:, j] * v[j]
-            else:
-                v = directions[:, j]
-                xv = X @ v
-            yxv, rest = self.y * xv, 1.0 - self.y * f
-            a2, a1 = float(tau @ (v * v)), float(tau @ (v * beta))
+        if directions is None:
+            directions = np.diag(self._fixed_width / 3.0)
+        rest = 1.0 - self.y * f
+        buf = np.empty(self.n)
+        hinge_now = float(np.maximum(0.0, rest).sum())
+        for start in range(0, self.p, self.DIRECTION_BLOCK):
+            block = directions[:, start: start + self.DIRECTION_BLOCK]
+            XVt = block.T @ X.T  # the block's score changes in one product (rows contiguous)
+            for j, v in enumerate(block.T):
+                yxv = self.y * XVt[j]
+                a2, a1 = float(tau @ (v * v)), float(tau @ (v * beta))
 
-            def logp(t):
-                return -0.5 * t * (a2 * t + 2.0 * a1) - 2.0 * float(np.maximum(0.0, rest - t * yxv).sum())
+                def logp(t):
+                    np.multiply(yxv, t, out=buf)
+                    np.subtract(rest, buf, out=buf)
+                    np.maximum(buf, 0.0, out=buf)
+                    return -0.5 * t * (a2 * t + 2.0 * a1) - 2.0 * float(buf.sum())
 
-            t = slice_sample(logp, 0.0, rng, width=3.0)[0]
-            f = f + t * xv
-            beta += t * v
+                t = slice_sample(logp, 0.0, rng, width=3.0, logp_x0=-2.0 * hinge_now)[0]
+                if t != 0.0:
+                    rest -= t * yxv
+                    f = f + t * XVt[j]
+                    beta += t * v
+                    hinge_now = float(np.maximum(0.0, rest).sum())
         return theta, f
+
+    #: directions of :meth:`_redraw_fixed_effects` whose score changes are formed by one product
+    #: (an ``n x DIRECTION_BLOCK`` temporary)
+    DIRECTION_BLOCK = 16
 
     def _shift_location(self, theta, sigma2, rng):
         """Exact draw of a common shift ``delta`` between the fixed intercept and the levels of each
