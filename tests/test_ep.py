@@ -206,9 +206,12 @@ def test_corrected_marginal_exact_for_one_coefficient():
     c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(1), z=np.linspace(-12, 12, 24001))
     assert c_mean[0] == pytest.approx(mean, abs=1e-5 * sd)
     assert c_sd[0] == pytest.approx(sd, rel=1e-5)
-    # default evaluation points: close too
-    c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(1))
-    assert abs(c_mean[0] - mean) < 0.01 * sd and c_sd[0] == pytest.approx(sd, rel=0.01)
+    # default evaluation points (25): here, with point masses q(f_i | beta), the corrected density
+    # has kinks and the regular-grid rule is only second order: within 1e-3 sd (mean) and 0.5% (sd)
+    # of the fine grid (measured 1.5e-4 and 0.3%), a fraction of the correction's own error here
+    d_mean, d_sd = ep.corrected_marginals(res, model, np.eye(1))
+    assert d_mean[0] == pytest.approx(c_mean[0], abs=1e-3 * sd) and d_sd[0] == pytest.approx(c_sd[0], rel=5e-3)
+    assert abs(d_mean[0] - mean) < 0.01 * sd and d_sd[0] == pytest.approx(sd, rel=0.01)
 
 
 def test_corrected_marginal_of_linear_combination_matches_dense_formula():

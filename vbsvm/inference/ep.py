@@ -388,7 +388,6 @@ def log_prior_eta(eta, A, B):
     return A * np.log(B) - gammaln(A) - A * eta - B * np.exp(-eta)
 
 
-
 LOCAL_Z = np.linspace(-7.5, 7.5, 31)
 
 
@@ -760,6 +759,15 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
 
 
 # --------------------------------------------------------------------------- marginal correction
+#: Evaluation points of :func:`corrected_marginals` (EP sds around the EP mean). The corrected
+#: density is smooth, so the rule on a regular grid converges exponentially: against 61 points on
+#: [-9, 9] these 25 changed no corrected mean or sd by more than 1e-8 sd (1e-7 relative for the
+#: sds) on heart, toenail and the Section 4.2 simulations n=100/500, d=50, and cut the whole
+#: ``method="vb"`` fit's CPU time by 10-35%. (With one coefficient, where q(f_i | x) is a point
+#: mass and the density has kinks, the rule is second order: mean 1.5e-4 sd and sd 0.3% off on a test case.)
+MARGINAL_Z = np.linspace(-7.2, 7.2, 25)
+
+
 def corrected_marginals(fit, model, L, z=None):
     r"""Mean and sd of the linear combinations ``L @ theta_dense`` with the factorized EP correction.
 
@@ -789,13 +797,13 @@ def corrected_marginals(fit, model, L, z=None):
     L : ndarray (k, qd)
         Rows: the combinations of the dense coordinates (e.g. ``design.to_original(qd)``).
     z : ndarray, optional
-        Evaluation points in EP sds around the EP mean (default 61 points on [-9, 9]).
+        Evaluation points in EP sds around the EP mean (default :data:`MARGINAL_Z`).
 
     Returns
     -------
     mean, sd : ndarray (k,)
     """
-    z = np.linspace(-9.0, 9.0, 61) if z is None else np.asarray(z, dtype=float)
+    z = MARGINAL_Z if z is None else np.asarray(z, dtype=float)
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jl,kl->k", L, fit.post.cov_dense(), L)
     sd = np.sqrt(np.maximum(svar, 0.0))
@@ -867,7 +875,7 @@ def _moments(grid, model, M):
 
 
 #: Rows above which the marginal corrections are skipped by default: they cost O(n q_d |z|) time
-#: (z: 61 evaluation points) and, at n = 1e6 and q_d = 21, dominated a 160 s fit; with that many
+#: (z: 61 evaluation points then, 25 now) and, at n = 1e6 and q_d = 21, dominated a 160 s fit; with that many
 #: sites per coefficient the EP Gaussian needs no skewness correction (not measured here).
 EP_CORRECT_MAX_N = 50_000
 
