@@ -5,18 +5,29 @@ Gibbs fits extend their chains until the summary parameters reach R-hat <= 1.01 
 test's Gibbs run would be four times as long and of another shape than the test asks for: tests
 run with the extension off (``DEFAULT_MAX_DRAWS_FACTOR = 1``), and the tests of the extension
 (``tests/test_adaptive_draws.py``) pass ``max_draws`` or set the factor themselves.
+
+Likewise the cut Gibbs sampler of ``missing="impute"`` runs ``CUT_SVM_SWEEPS = 20`` SVM sweeps per
+draw of the imputations by default (the bias of fewer is measured on acath, see
+:class:`vbsvm.models.missing.CutImputedSVMModel`), which doubled the imputation tests' time; the
+suite runs 2, the tests of the inner sweeps set their own number, and the slow acath check
+(``tests/test_missing.py``, ``-m slow``) runs the default.
 """
 
 import pytest
+
+#: SVM sweeps per draw of the imputations in the suite's cut Gibbs runs (see above)
+SUITE_CUT_SVM_SWEEPS = 2
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _gibbs_runs_as_asked():
     # session scope: module-scoped fixtures that fit models run with it too
+    import vbsvm.fitting as fitting
     import vbsvm.inference.gibbs as gibbs
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gibbs, "DEFAULT_MAX_DRAWS_FACTOR", 1)
+        patch.setattr(fitting, "CUT_SVM_SWEEPS", SUITE_CUT_SVM_SWEEPS)
         yield
 
 

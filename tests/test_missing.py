@@ -28,7 +28,7 @@ from vbsvm.imputed_fit import ImputedFit
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
 from vbsvm.fitting import fit_imputed
-from vbsvm.models.missing import CutImputedSVMModel, ImputedSVMModel, imputation_columns
+from vbsvm.models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, imputation_columns
 
 
 # --------------------------------------------------------------------------- oracle
@@ -936,6 +936,91 @@ def test_single_q_vb_of_the_cut_attenuates(cut_pair):
     z = ((single.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"])["np.log(chol)"]
     assert z < -0.5
     assert abs(((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"])["np.log(chol)"]) < abs(z) / 2
+
+
+@pytest.mark.parametrize("laplace_zero", [False, True])
+def test_cut_gibbs_runs_svm_sweeps_per_imputation_draw(monkeypatch, laplace_zero):
+    """Each sweep of the cut sampler draws one completion, then runs ``cut_svm_sweeps`` sweeps of
+    the SVM block on it (the same completed design throughout), and the fit reports the number."""
+    import vbsvm.fitting as fitting
+    from vbsvm.models.linear import LinearSVMModel
+    from vbsvm.models.selection import LaplaceZeroModel
+
+    monkeypatch.setattr(fitting, "CUT_SVM_SWEEPS", 3)
+    cls = LaplaceZeroModel if laplace_zero else LinearSVMModel
+    inner, outer = [], []
+    svm_sweep, cut_sweep = cls.gibbs_sweep, CutImputedSVMModel.gibbs_sweep
+
+    def counted_svm(self, state, rng):
+        inner.append(len(outer))
+        design = self.base.Cd if laplace_zero else self.Cd
+        outer[-1].add(design.tobytes())
+        return svm_sweep(self, state, rng)
+
+    def counted_cut(self, state, rng):
+        outer.append(set())
+        return cut_sweep(self, state, rng)
+
+    monkeypatch.setattr(cls, "gibbs_sweep", counted_svm)
+    monkeypatch.setattr(CutImputedSVMModel, "gibbs_sweep", counted_cut)
+    kw = {"prior": vbsvm.LaplaceZero(rho=0.2)} if laplace_zero else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        fit = vbsvm.svm(FORMULA, data=log_chol_frame(120), missing="impute", method="gibbs", draws=6, tune=4,
+                        chains=1, seed=2, progress=False, **kw)
+    assert len(outer) == 10 and len(inner) == 30
+    assert np.all(np.bincount(inner)[1:] == 3)
+    assert all(len(designs) == 1 for designs in outer)  # one completed design per outer sweep
+    assert len(set().union(*outer)) == 10  # and a new one each time
+    assert fit.info["imputation"]["svm_sweeps"] == 3
+
+
+@pytest.mark.parametrize("value", [0, 2.5, True])
+def test_cut_svm_sweeps_checked(value):
+    df = log_chol_frame(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        fit = vbsvm.svm(FORMULA, data=df, missing="impute", method="gibbs", draws=5, tune=5, chains=1, seed=1,
+                        progress=False)
+    with pytest.raises(InputError, match="cut_svm_sweeps must be an integer >= 1"):
+        fit_imputed(build_design(FORMULA, df, missing="impute"), dict(fit.settings, cut_svm_sweeps=value))
+
+
+@pytest.mark.slow
+def test_cut_gibbs_on_acath_matches_multiple_imputation():
+    """acath (1246 of 3504 cholesterol values missing; the completions move the coefficients twice
+    as much as one completion's posterior spread): the cut sampler at its default inner sweeps
+    against multiple imputation (20 completions from the imputation chain, each fitted by the plain
+    Gibbs sampler, draws pooled), and the naive sampler (one inner sweep) rejected by the same check.
+    Measured: default sds 0.94-1.09 of the reference; naive 0.72-0.81 (``cad_dur``, which the
+    completions hardly move, 0.92-0.96 either way)."""
+    formula = "sigdz ~ age + sex + np.log(cad_dur + 1) + np.log(choleste)"
+    acath = vbsvm.datasets.load("acath")
+    kw = dict(method="gibbs", draws=1000, tune=500, chains=2, progress=False, n_jobs=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DiagnosticWarning)
+        design = build_design(formula, acath, missing="impute")
+        tiny = vbsvm.svm(formula, data=acath, missing="impute", method="gibbs", draws=2, tune=2, chains=1,
+                         progress=False)  # for its validated settings
+        settings = dict(tiny.settings, draws=1000, tune=500, max_draws=1000, chains=2, n_jobs=2, seed=3,
+                        cut_svm_sweeps=CUT_SVM_SWEEPS)
+        cut = fit_imputed(design, settings)
+        naive = fit_imputed(build_design(formula, acath, missing="impute"), dict(settings, cut_svm_sweeps=1))
+        x = np.asarray(cut.posterior["x_missing_draws"]).reshape(-1, len(cut.imputed))
+        rows = cut.imputed["row"].to_numpy()
+        means, variances = [], []
+        for k in np.linspace(99, x.shape[0] - 1, 20).astype(int):
+            comp = acath.copy()
+            comp.loc[comp.index[rows], "choleste"] = np.exp(x[k])
+            fit = vbsvm.svm(formula, data=comp, seed=int(k), **kw)
+            means.append(fit.coef["mean"].to_numpy())
+            variances.append(fit.coef["sd"].to_numpy() ** 2)
+    sd = np.sqrt(np.mean(variances, axis=0) + np.var(means, axis=0))
+    ratio = cut.coef["sd"].to_numpy() / sd
+    assert np.all((ratio > 0.85) & (ratio < 1.2)), ratio
+    assert np.all(np.abs(cut.coef["mean"].to_numpy() - np.mean(means, axis=0)) < 0.5 * sd)
+    naive_ratio = naive.coef["sd"].to_numpy() / sd
+    assert naive_ratio[cut.coef.index.get_loc("np.log(choleste)")] < 0.85, naive_ratio
 
 
 @pytest.mark.parametrize("key", ["vb", "vb_joint"])

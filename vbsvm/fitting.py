@@ -35,7 +35,7 @@ from .inference.failures import numerical_failures
 from .inference.threads import limit_blas
 from .models.linear import LinearSVMModel, covariance_arrays, fixed_effect_precision, meanfield_posterior, \
     random_effect_terms
-from .models.missing import CutImputedSVMModel, ImputedSVMModel, hyperparameters, imputation_spec
+from .models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, hyperparameters, imputation_spec
 from .models.selection import LaplaceZeroModel, selection_setup
 from .results import Fit, ThetaLayout
 
@@ -261,6 +261,14 @@ def _spike_slab_arrays(model, mu, var, Sdd, Sds, g, M):
 
 
 # --------------------------------------------------------------------------- missing predictors imputed
+def _cut_svm_sweeps(settings) -> int:
+    """``settings["cut_svm_sweeps"]`` (default :data:`~vbsvm.models.missing.CUT_SVM_SWEEPS`), checked."""
+    k = settings.get("cut_svm_sweeps", CUT_SVM_SWEEPS)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InputError(f"cut_svm_sweeps must be an integer >= 1 (SVM sweeps per draw of the imputations); got {k!r}.")
+    return int(k)
+
+
 def fit_imputed(design, settings, prior=None):
     """The Bayesian SVM with missing predictors imputed in the model (``missing="impute"``).
 
@@ -273,7 +281,8 @@ def fit_imputed(design, settings, prior=None):
         or d x d matrix on the standardized scale) and ``nu`` override the paper defaults
         1e8, 0.01 and 3; ``vb_completions`` the number of completions VB pools (default
         :data:`vbsvm.inference.pooled.VB_COMPLETIONS`; 0: one q with expectations over the
-        imputations).
+        imputations); ``cut_svm_sweeps`` the SVM sweeps per draw of the imputations in the
+        conditional model's Gibbs sampler (default :data:`~vbsvm.models.missing.CUT_SVM_SWEEPS`).
     prior : vbsvm.LaplaceZero, optional
         Laplace-zero selection of the fixed effects (conditional imputation only): the SVM block
         given each completed design is :class:`~vbsvm.models.selection.LaplaceZeroModel`; Gibbs
@@ -340,6 +349,9 @@ def fit_imputed(design, settings, prior=None):
     if prior is not None:
         info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
         info.update(n_selectable=int(select.sum()), rho=float(rho))
+    if cut and method == "gibbs":
+        model.svm_sweeps = _cut_svm_sweeps(settings)
+        info["imputation"]["svm_sweeps"] = model.svm_sweeps
     fit_class = _imputed_fit_class(prior)
 
     def from_vb(res):
