@@ -18,21 +18,27 @@ combined by Chan's parallel formulas (no cancellation). Each partition's design 
 (formulaic runs on chunks of ``CHUNK_ROWS`` rows, so a worker's transient memory does not grow
 with the partitions' size).
 
-Blocks. The design of each partition is built once, in one pass over the source, into a block
-(:class:`_Block`; consecutive partitions are grouped into one block up to ``BLOCK_BYTES`` of
-design, fewer tasks per pass): its :class:`~vbsvm.models.linear.LinearSVMModel` (design in the
-column-major layout the Gram uses, labels, level codes) and a small memory of per-row arrays.
-``dask.persist`` keeps the blocks on the workers and every later pass maps its tasks over them,
-so formulaic and the source (e.g. Parquet) are never touched again. Two kinds:
+Blocks. The design of each partition is built once, in one pass over the source (one task a
+partition, so a worker holds one raw partition at a time), into its
+:class:`~vbsvm.models.linear.LinearSVMModel` (design in the column-major layout the Gram uses,
+labels, level codes). The partitions each worker then holds are coalesced there, in order, into
+blocks (:class:`_Block`) of up to ``BLOCK_BYTES`` of design, with a small memory of per-row arrays:
+a pass over the data is about one task per worker, because Dask's cost is per task (~10 ms of a
+worker's CPU and ~20 ms of the client's and scheduler's a pass, whatever the rows). Dask keeps the
+blocks on the workers and every later pass maps its tasks over them, so formulaic and the source
+(e.g. Parquet) are never touched again. A task walks its block partition by partition, and the
+dense products by row chunks through scratch arrays allocated once per task (:class:`_Rows`): its
+working memory does not grow with the block. Two kinds:
 
 * in memory (:class:`_Resident`, ``persist=True``), when the designs fit the workers' memory;
-* spilled (:class:`_Spilled`, ``persist=False``, out of core): the model is pickled once with
-  its large arrays written out of band as raw files in a directory the fit owns (created under
-  Dask's ``temporary-directory`` config, default the system's temporary directory, and removed
-  when the fit ends, also on error), and each pass unpickles it over read-only memory maps of
-  those files: no copy, no parsing, pages from the page cache or the disk, released when the task
-  ends, so a worker holds one partition at a time whatever n. The directory must be readable by
-  every worker (one machine, or a shared filesystem).
+* spilled (:class:`_Spilled`, ``persist=False``, out of core): each partition's model is pickled
+  once with its large arrays written out of band as raw files in a directory the fit owns
+  (created under Dask's ``temporary-directory`` config, default the system's temporary
+  directory, and removed when the fit ends, also on error), and each pass unpickles it over
+  read-only memory maps of those files (:class:`_SpilledPart`): no copy, no parsing, pages from
+  the page cache or the disk, released when the task moves to the next partition, so a worker
+  maps one partition at a time whatever n. The directory must be readable by every worker (one
+  machine, or a shared filesystem).
 
 ``persist="auto"`` (default) keeps the blocks in memory when the designs take less than half the
 workers' total memory limit (1 GB without a distributed client), and spills them otherwise.
@@ -55,25 +61,33 @@ with ``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part o
 as an expression — a sweep's posterior (with a token naming it), or SQUAREM's
 ``x - 2 s r + s^2 v`` of such — and evaluated row by row inside each partition task, with the same
 floating-point operations as the in-memory arrays. The ELBO pass of a sweep computes ``m_i, v_i``
-of the new q anyway; it leaves ``log chi`` in the partition's block under the posterior's token,
-and the block keeps the last ``CHI_KEPT`` used (8 bytes a row each; in the spill files when
-spilled), so the next sweep's Gram pass and SQUAREM's norms read them instead of recomputing the
-variances (a block that misses one, e.g. a copy on another worker, recomputes it from the
-posterior). The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
-states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). The
-client holds q.
+of the new q anyway; it leaves ``log chi`` in the block under the posterior's token, and the block
+keeps the last ``CHI_KEPT`` used (8 bytes a row each; in files when spilled), so SQUAREM's norms
+and proposals read them instead of recomputing the variances (a block that misses one, e.g. a
+copy on another worker, recomputes it from the posterior). The engine
+(:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these states; the norms of
+SQUAREM's step length are a reduction (``vb_state_norms``), usually computed ahead. The client
+holds q.
 
 Why the result is the in-memory fit: every sweep computes the same sums (only their order of
 summation differs, ~1e-16 relative), the same per-row values and the same client-side updates, so
 the iterates, the accepted SQUAREM steps and the stopping sweep are the same; the tests check
 coefficients and sds to 1e-8 (relative) with 1, 2 and 7 partitions on a LocalCluster.
 
-Passes over the blocks: two per sweep (the statistics given the current state: one ``C' W C``;
-the ELBO of the new q: one product for the variances of the scores), one more per SQUAREM step
-(the norms, from the remembered ``log chi`` only). Before them, three passes over the source: the
-levels, the standardization constants, the blocks; after them, the probit scale of
-``kind="prob"`` (the scores under the final q, kept in the blocks while a one-dimensional search
-sums their log likelihood).
+Passes over the blocks. A sweep needs two: the statistics given the state (one ``C' W C``), then
+the ELBO of the new q (one product for the variances of the scores), which gives ``log chi`` of
+the state the sweep leaves. The second pass therefore also computes the working Gram of that
+state (:func:`_task_sweep`), which is the next sweep's first pass whenever the next sweep starts
+there — always, except for SQUAREM's extrapolated proposals, whose step length is known only
+after the norms. And the pass that ends the second sweep of a SQUAREM step (its states
+``x0, x1, x2`` outputs of consecutive sweeps, all in the blocks' memories) also sums the squared
+norms of ``r = x1 - x0`` and ``v = x2 - x1 - r`` that the engine asks for next. A step is thus
+four passes for three sweeps, a step without extrapolation two for two (~1.2 passes a sweep;
+without this ~2.4). What is computed ahead is found by the expressions' names; anything not
+found (e.g. a Gram computed ahead but dropped) is a pass of its own. Before them, three passes
+over the source: the levels, the standardization constants, the blocks; after them, the probit
+scale of ``kind="prob"`` (the scores under the final q, kept in the blocks while a
+one-dimensional search sums their log likelihood).
 """
 
 from __future__ import annotations
@@ -715,13 +729,12 @@ def _task_gram(block, state):
     """The working Gram of the block's rows given the per-row part ``state`` of a VB state."""
     grams, dense = [], None
     for rows, part in block.models():
-        log_chi = _evaluate(state, block, rows)
         if part.m_sparse:
-            grams.append(_partition_gram(part, log_chi))
+            grams.append(_partition_gram(part, _evaluate(state, block, rows)))
             continue
         dense = dense or _Rows(part.qd)
-        for sub in dense.chunks(part):
-            dense.gram(part, sub, log_chi[sub])
+        for sub in dense.chunks(part):  # the state's arithmetic by chunks too: small temporaries
+            dense.gram(part, sub, _evaluate(state, block, slice(rows.start + sub.start, rows.start + sub.stop)))
     if dense is not None:
         grams.append(dense.gram_parts())
     return _sum_gram(*grams)
