@@ -621,23 +621,28 @@ def _log_chi(post, block):
     return out
 
 
-def _evaluate(expr, block, rows):
+def _evaluate(expr, block, rows, recalled):
     """Per-row values of a state expression on the block's ``rows`` (the in-memory arithmetic);
     the ``log chi`` of each sweep posterior comes from the block's memory when it is still there
-    (:meth:`_Block.recall`), else it is recomputed from the posterior for the whole block."""
+    (:meth:`_Block.recall`), else it is recomputed from the posterior for the whole block.
+    ``recalled`` (a dict, one per task) keeps what the task has recalled by token, so that a
+    task evaluating the expression chunk by chunk recalls each array once."""
     kind = expr[0]
     if kind == "zero":
         return np.zeros(rows.stop - rows.start)
     if kind == "post":
         _, post, token = expr
-        got = block.recall(token)
+        got = recalled.get(token)
         if got is None:
-            got = _log_chi(post, block)
-            block.remember(token, got)
+            got = block.recall(token)
+            if got is None:
+                got = _log_chi(post, block)
+                block.remember(token, got)
+            recalled[token] = got
         return got[rows]
     if kind == "mul":
-        return expr[1] * _evaluate(expr[2], block, rows)
-    a, b = _evaluate(expr[1], block, rows), _evaluate(expr[2], block, rows)
+        return expr[1] * _evaluate(expr[2], block, rows, recalled)
+    a, b = _evaluate(expr[1], block, rows, recalled), _evaluate(expr[2], block, rows, recalled)
     return a + b if kind == "add" else a - b
 
 
@@ -727,14 +732,15 @@ def _partition_gram(part, log_chi) -> tuple:
 
 def _task_gram(block, state):
     """The working Gram of the block's rows given the per-row part ``state`` of a VB state."""
-    grams, dense = [], None
+    grams, dense, recalled = [], None, {}
     for rows, part in block.models():
         if part.m_sparse:
-            grams.append(_partition_gram(part, _evaluate(state, block, rows)))
+            grams.append(_partition_gram(part, _evaluate(state, block, rows, recalled)))
             continue
         dense = dense or _Rows(part.qd)
         for sub in dense.chunks(part):  # the state's arithmetic by chunks too: small temporaries
-            dense.gram(part, sub, _evaluate(state, block, slice(rows.start + sub.start, rows.start + sub.stop)))
+            at = slice(rows.start + sub.start, rows.start + sub.stop)
+            dense.gram(part, sub, _evaluate(state, block, at, recalled))
     if dense is not None:
         grams.append(dense.gram_parts())
     return _sum_gram(*grams)
@@ -767,14 +773,17 @@ def _task_sweep(block, post, token, differences):
     if dense is not None:
         grams.append(dense.gram_parts())
     block.remember(token, log_chi)
-    return value, _sum_gram(*grams), None if differences is None else _task_norms(block, *differences)
+    norms = None if differences is None else _task_norms(block, *differences, recalled={token: log_chi})
+    return value, _sum_gram(*grams), norms
 
 
-def _task_norms(block, r, v):
-    """``(||r||^2, ||v||^2, v finite)`` of the per-row parts of two state expressions."""
+def _task_norms(block, r, v, recalled=None):
+    """``(||r||^2, ||v||^2, v finite)`` of the per-row parts of two state expressions
+    (``recalled``: arrays by token the caller holds, see :func:`_evaluate`)."""
     rr, vv, finite = 0.0, 0.0, True
+    recalled = {} if recalled is None else recalled
     for rows, _ in block.models():
-        rv, vv_ = _evaluate(r, block, rows), _evaluate(v, block, rows)
+        rv, vv_ = _evaluate(r, block, rows, recalled), _evaluate(v, block, rows, recalled)
         rr += float(rv @ rv)
         vv += float(vv_ @ vv_)
         finite = finite and bool(np.all(np.isfinite(vv_)))
