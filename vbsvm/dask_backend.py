@@ -676,7 +676,8 @@ class _Rows:
         self.A = np.zeros((qd, qd))
         self.bd = np.zeros(qd)
 
-    def chunks(self, part):
+    def chunks(self, part) -> list:
+        """The row chunks of a partition's model (slices of its rows)."""
         return row_blocks(part.n, self.qd + 1)
 
     def hinge(self, part, rows, loadings, log_chi) -> float:
@@ -721,6 +722,7 @@ class _Rows:
         self.A += np.matmul(S.T, S, out=self.AA)
 
     def gram_parts(self) -> tuple:
+        """The Gram added so far, as :func:`_gram_parts` of a model without an eliminated term."""
         return self.A, self.bd, None, None, np.zeros((0, 1))
 
 
