@@ -279,7 +279,9 @@ def write_report(results, out_dir: Path, args):
               f"{passes_per_sweep:.2f} passes (the pass that ends a sweep also computes the working Gram of the state "
               "it leaves and, after a SQUAREM step's second sweep, the step's norms; the Gram of an extrapolated "
               "proposal is a pass of its own); the fits took "
-              f"{sweeps:.0f} sweeps (median), which does not grow with n.", "",
+              f"{sweeps:.0f} sweeps (median; "
+              + ", ".join(f"{r['sweeps']} at {r['rows']:,} rows" for r in spilled if r.get("converged", True))
+              + "; each n is its own simulated data set).", "",
               f"Projection to 1e9 rows on 32 workers, each memory-mapping its partitions' spilled designs: with a core "
               f"per worker (CPU-time model) {t_cpu_big:.1f} s per pass, {t_cpu_big * passes_per_sweep:.1f} s per sweep, "
               f"about {projection['fit_seconds_dedicated_core'] / 60:.0f} min for {sweeps:.0f} sweeps; at the wall-time "
