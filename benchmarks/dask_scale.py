@@ -236,7 +236,8 @@ def write_report(results, out_dir: Path, args):
              "run in the last column: the wall times are inflated by it, the CPU times much less). *spilled*: "
              "`persist=False`, each partition's design written to disk once and memory-mapped on every pass; "
              "*persisted*: `persist=True`, kept in the workers' memory; either way the partitions a worker holds "
-             "are coalesced into blocks of up to 256 MB of design, one task each a pass (*blocks*). In-memory fit: the same rows read into "
+             "are coalesced into blocks of up to 256 MB of design, one task each a pass (*blocks*). "
+             "In-memory fit: the same rows read into "
              "pandas, `vbsvm.svm(..., method='meanfield')`. BLAS pass: one `X.T @ (w[:, None] * X)` over the "
              f"in-memory design (n x 21), {blas_ns:.1f} ns of CPU a row. *wall ns / row / sweep*: wall time of a "
              "sweep over the rows. *worker CPU ns / row / sweep*: CPU seconds of all workers during the sweeps "
@@ -271,7 +272,8 @@ def write_report(results, out_dir: Path, args):
             tail = f"| | {r['client_peak_mb']:.0f} | "
         lines.append(
             f"{head} | {r['wall_seconds']:.1f} | {format(r['setup_seconds'], '.1f') if dask_run else ''} | {r['sweeps']} "
-            f"| {r.get('passes', '')} | {r.get('blocks', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} | {cpu_ns / blas_ns:.1f} "
+            f"| {r.get('passes', '')} | {r.get('blocks', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} "
+            f"| {cpu_ns / blas_ns:.1f} "
             f"{tail} | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
     lines += ["", f"Cost model (least squares over the spilled runs): wall time per pass = {a:.3f} s + "
               f"{b * 1e9:.1f} ns x rows / workers (under the load above); a worker's CPU time per pass = {ac:.3f} s + "
