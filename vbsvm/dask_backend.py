@@ -21,9 +21,11 @@ with the partitions' size).
 Blocks. The design of each partition is built once, in one pass over the source (one task a
 partition, so a worker holds one raw partition at a time), into its
 :class:`~vbsvm.models.linear.LinearSVMModel` (design in the column-major layout the Gram uses,
-labels, level codes). The partitions each worker then holds are coalesced there, in order, into
-blocks (:class:`_Block`) of up to ``BLOCK_BYTES`` of design, with a small memory of per-row arrays:
-a pass over the data is about one task per worker, because Dask's cost is per task (~10 ms of a
+labels, level codes). Consecutive partitions are coalesced into blocks (:class:`_Block`) of up to
+``BLOCK_BYTES`` of design, about one block per worker, each built and kept on its worker (and so a
+function of the partitions and the number of workers only: refits give identical numbers), with a
+small memory of per-row arrays: a pass over the data is about one task per worker, because Dask's
+cost is per task (~10 ms of a
 worker's CPU and ~20 ms of the client's and scheduler's a pass, whatever the rows). Dask keeps the
 blocks on the workers and every later pass maps its tasks over them, so formulaic and the source
 (e.g. Parquet) are never touched again. A task walks its block partition by partition, and the
@@ -401,8 +403,8 @@ CHI_KEPT = 5
 #: pickle buffers below this many bytes stay inside a spilled partition's pickle (not in a file)
 SMALL_BUFFER = 1 << 16
 
-#: design bytes a block aims at: the partitions a worker holds are coalesced into blocks of up to
-#: this size, so that a pass is about one task per worker (Dask's cost is per task). A task walks
+#: design bytes a block aims at: consecutive partitions are coalesced into blocks of up to this
+#: size, about one per worker, so that a pass is about one task per worker (Dask's cost is per task). A task walks
 #: its block partition by partition (a spilled partition's pages are mapped only while it is
 #: used) and each partition by row chunks through scratch arrays allocated once per task
 #: (:class:`_Rows`), so its working memory does not grow with the block.
@@ -1003,36 +1005,53 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
 
 
 def _coalesce(parts, group, root) -> list:
-    """The blocks of the partitions' models ``parts`` (delayed :func:`_task_part`), built and
-    kept on the workers: the partitions each worker holds, in order, by runs of ``group``, each
-    run coalesced on that worker (a resident model is not copied) into one :class:`_Block`
-    (spilled, with its memory under ``root``, unless ``root`` is None). Returns futures with a
-    distributed client, else persisted delayed objects."""
+    """The blocks of the partitions' models ``parts`` (delayed :func:`_task_part`), built and kept
+    on the workers. The blocks are consecutive runs of partitions of equal lengths (within one), as
+    many as the smallest multiple of the workers that gives runs of at most ``group`` partitions
+    (one block per worker when the data allow); block ``j``'s partitions are built and coalesced into one
+    :class:`_Block` on worker ``j`` modulo the workers (a resident model is then not copied;
+    Dask may still move a task if that worker is gone or busy). The blocks, and so the order of
+    every sum over them, depend on the partitions and the number of workers only, not on where
+    the scheduler ran what: a refit gives identical numbers. Spilled (memory under ``root``)
+    unless ``root`` is None. Returns futures with a distributed client, else persisted delayed
+    objects."""
     dask = _dask()
-    try:
-        from distributed import get_client, wait
-
-        client = get_client()
-    except (ImportError, ValueError):
-        client = None
-    if client is None:
-        built, where = list(dask.persist(*parts)), [None] * len(parts)
-    else:
-        built = client.compute(parts)
-        wait(built)
-        who = client.who_has(built)
-        where = [(who.get(f.key) or [None])[0] for f in built]
-    runs = []
-    for worker in dict.fromkeys(where):
-        mine = [b for b, w in zip(built, where) if w == worker]
-        runs += [(worker, mine[k:k + group]) for k in range(0, len(mine), group)]
+    client = _client()
+    workers = sorted(_workers(client)) if client is not None else [None]
+    count = len(workers) * math.ceil(len(parts) / (len(workers) * group))
+    edges = [k * len(parts) // count for k in range(count + 1)]
+    runs = [parts[a:b] for a, b in zip(edges[:-1], edges[1:]) if b > a]
     paths = [root and os.path.join(root, f"block{j}") for j in range(len(runs))]
     if client is None:
-        return list(dask.persist(*[dask.delayed(_task_coalesce)(path, *run) for path, (_, run) in zip(paths, runs)]))
-    blocks = [client.submit(_task_coalesce, path, *run, workers=worker and [worker], allow_other_workers=True,
-                            pure=False) for path, (worker, run) in zip(paths, runs)]
+        return list(dask.persist(*[dask.delayed(_task_coalesce)(path, *run) for path, run in zip(paths, runs)]))
+    from distributed import wait
+
+    blocks = []
+    for j, (path, run) in enumerate(zip(paths, runs)):
+        where = [workers[j % len(workers)]]
+        built = client.compute(run, workers=where, allow_other_workers=True)
+        blocks.append(client.submit(_task_coalesce, path, *built, workers=where, allow_other_workers=True,
+                                    pure=False))
     wait(blocks)
     return blocks
+
+
+def _client():
+    """The distributed client in use, or None (no distributed, or a local scheduler)."""
+    try:
+        from distributed import get_client
+
+        return get_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _workers(client) -> dict:
+    """The scheduler's information on each worker, by address."""
+    try:
+        return client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:  # older distributed
+        return client.scheduler_info()["workers"]
 
 
 def _check_groups(design, settings):
@@ -1043,17 +1062,10 @@ def _check_groups(design, settings):
 
 def _memory_budget() -> float:
     """Half the workers' total memory limit (bytes), or 1 GB without a distributed client."""
-    try:
-        from distributed import get_client
-
-        client = get_client()
-    except (ImportError, ValueError):
+    client = _client()
+    if client is None:
         return 1e9
-    try:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-    except TypeError:  # older distributed
-        workers = client.scheduler_info()["workers"]
-    total = float(sum(w.get("memory_limit") or 0 for w in workers.values()))
+    total = float(sum(w.get("memory_limit") or 0 for w in _workers(client).values()))
     return 0.5 * total if total > 0 else 1e9
 
 
