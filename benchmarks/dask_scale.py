@@ -179,6 +179,7 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
             "partitions": info["partitions"], "memory_limit_total_mb": limit / 2 ** 20,
             "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20, "wall_seconds": wall, "vb_seconds": info["seconds"],
             "setup_seconds": info["seconds_setup"], "sweeps": info["n_sweeps"], "passes": info["passes"],
+            "blocks": info["blocks"],
             "sweep_seconds": info["seconds"] / info["n_sweeps"], "pass_seconds": info["seconds"] / info["passes"],
             "client_peak_mb": peak_rss_mb(), "worker_idle_mb": peak["idle_mb"], "worker_peak_mb": peak["worker_mb"],
             "vb_cpu_seconds_workers": vb_cpu_workers, "vb_cpu_seconds_client": vb_cpu_client, "vb_cpu_span": vb_span,
@@ -234,7 +235,9 @@ def write_report(results, out_dir: Path, args):
              f"everywhere; machine: {os.cpu_count()} cores shared with other jobs (load average before/after each "
              "run in the last column: the wall times are inflated by it, the CPU times much less). *spilled*: "
              "`persist=False`, each partition's design written to disk once and memory-mapped on every pass; "
-             "*persisted*: `persist=True`, kept in the workers' memory. In-memory fit: the same rows read into "
+             "*persisted*: `persist=True`, kept in the workers' memory; either way consecutive partitions are "
+             "coalesced into blocks of up to 256 MB of design, about one per worker, one task each a pass (*blocks*). "
+             "In-memory fit: the same rows read into "
              "pandas, `vbsvm.svm(..., method='meanfield')`. BLAS pass: one `X.T @ (w[:, None] * X)` over the "
              f"in-memory design (n x 21), {blas_ns:.1f} ns of CPU a row. *wall ns / row / sweep*: wall time of a "
              "sweep over the rows. *worker CPU ns / row / sweep*: CPU seconds of all workers during the sweeps "
@@ -242,10 +245,10 @@ def write_report(results, out_dir: Path, args):
              "divides it by the BLAS pass's CPU time a row (the in-memory row: its wall time x its CPU fraction). "
              "*client CPU*: the client process (with the scheduler) per sweep. Set-up: learning the design and "
              "building the blocks (three passes over Parquet). Each measurement in its own process.", "",
-             "| rows | data MB | workers' limit MB | fit | wall s | set-up s | sweeps | passes | s / sweep "
+             "| rows | data MB | workers' limit MB | fit | wall s | set-up s | sweeps | passes | blocks | s / sweep "
              "| wall ns / row / sweep | worker CPU ns / row / sweep | x BLAS | client CPU s / sweep | client peak MB "
              "| worker idle / peak MB | coef vs in-memory | load |",
-             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if r["kind"] == "blas":
             continue
@@ -269,13 +272,18 @@ def write_report(results, out_dir: Path, args):
             tail = f"| | {r['client_peak_mb']:.0f} | "
         lines.append(
             f"{head} | {r['wall_seconds']:.1f} | {format(r['setup_seconds'], '.1f') if dask_run else ''} | {r['sweeps']} "
-            f"| {r.get('passes', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} | {cpu_ns / blas_ns:.1f} "
+            f"| {r.get('passes', '')} | {r.get('blocks', '')} | {r['sweep_seconds']:.3f} | {ns:.0f} | {cpu_ns:.0f} "
+            f"| {cpu_ns / blas_ns:.1f} "
             f"{tail} | {diff} | {r['load'][0]:.1f} / {r['load'][1]:.1f} |")
     lines += ["", f"Cost model (least squares over the spilled runs): wall time per pass = {a:.3f} s + "
               f"{b * 1e9:.1f} ns x rows / workers (under the load above); a worker's CPU time per pass = {ac:.3f} s + "
               f"{bc * 1e9:.1f} ns x rows / workers (what a pass takes with a core per worker). A sweep is "
-              f"{passes_per_sweep:.2f} passes (two per sweep, plus one per SQUAREM step for its norms); the fits took "
-              f"{sweeps:.0f} sweeps (median), which does not grow with n.", "",
+              f"{passes_per_sweep:.2f} passes (the pass that ends a sweep also computes the working Gram of the state "
+              "it leaves and, after a SQUAREM step's second sweep, the step's norms; the Gram of an extrapolated "
+              "proposal is a pass of its own); the fits took "
+              f"{sweeps:.0f} sweeps (median; "
+              + ", ".join(f"{r['sweeps']} at {r['rows']:,} rows" for r in spilled if r.get("converged", True))
+              + "; each n is its own simulated data set).", "",
               f"Projection to 1e9 rows on 32 workers, each memory-mapping its partitions' spilled designs: with a core "
               f"per worker (CPU-time model) {t_cpu_big:.1f} s per pass, {t_cpu_big * passes_per_sweep:.1f} s per sweep, "
               f"about {projection['fit_seconds_dedicated_core'] / 60:.0f} min for {sweeps:.0f} sweeps; at the wall-time "

@@ -193,7 +193,7 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
     monkeypatch.setattr(dask_backend, "BLOCK_BYTES", 400_000)  # two partitions a block
     with dask.config.set({"temporary-directory": str(tmp_path)}):
         fit = vbsvm.svm(formula, dd.from_pandas(df, npartitions=4), method="meanfield", persist=False)
-    assert not fit.info["persisted"] and fit.n_obs == ref.n_obs and fit.info["blocks"] == 2
+    assert not fit.info["persisted"] and fit.n_obs == ref.n_obs and 2 <= fit.info["blocks"] < 4
     assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
     assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
     assert _rel(fit.ranef()["site"]["mean"], ref.ranef()["site"]["mean"]) < 1e-8
@@ -204,31 +204,86 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
     pd.testing.assert_frame_equal(df, before)
 
 
-def test_spilled_block_is_the_resident_block(frame, tmp_path):
-    """A spilled partition unpickles to the same model over read-only memory maps, and keeps
-    at most CHI_KEPT remembered arrays on disk."""
-    import time
-
+def _block_spec(frame, formula):
     from vbsvm import dask_backend
     from vbsvm.api import _settings
 
-    settings = _settings("y ~ x1 + x2 + (1 | site)", method="meanfield", penalty="auto", missing="drop",
-                         standardize=True, draws=1, tune=1, chains=1, thin=1, seed=None, tol=1e-8, max_iter=10,
-                         accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False,
-                         n_jobs=1)
+    settings = _settings(formula, method="meanfield", penalty="auto", missing="drop", standardize=True, draws=1,
+                         tune=1, chains=1, thin=1, seed=None, tol=1e-8, max_iter=10, accelerate=True,
+                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1)
+    design = dask_backend.learn_design(formula, dd.from_pandas(frame, npartitions=1))
+    return dask_backend._DesignSpec(design, settings)
+
+
+def test_spilled_block_is_the_resident_block(frame, tmp_path):
+    """A spilled block of two partitions unpickles to the same models over read-only memory maps,
+    and keeps at most CHI_KEPT remembered arrays on disk."""
+    import time
+
+    from vbsvm import dask_backend
+
     frame = pd.concat([frame] * 4, ignore_index=True)  # a design above SMALL_BUFFER: written to a file
-    design = dask_backend.learn_design("y ~ x1 + x2 + (1 | site)", dd.from_pandas(frame, npartitions=1))
-    spec = dask_backend._DesignSpec(design, settings)
-    resident = dask_backend._task_block([frame], spec, None)
-    # two partitions grouped into one block: the same rows
-    spilled = dask_backend._task_block([frame.iloc[:4000], frame.iloc[4000:]], spec, str(tmp_path / "0"))
-    a, b = resident.model(), spilled.model()
-    for name in ("Cd", "y", "codes", "Zs"):
-        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
-    assert not b.Cd.flags.writeable and b.Cd.flags.f_contiguous
+    spec = _block_spec(frame, "y ~ x1 + x2 + (1 | site)")
+    halves = [frame.iloc[:4000], frame.iloc[4000:]]
+    resident = dask_backend._task_coalesce(None, *[dask_backend._task_part(h, spec, None) for h in halves])
+    spilled = dask_backend._task_coalesce(str(tmp_path / "b"), *[
+        dask_backend._task_part(h, spec, str(tmp_path / f"p{k}")) for k, h in enumerate(halves)])
+    assert resident.n == spilled.n == len(frame)
+    for (rows_a, a), (rows_b, b) in zip(resident.models(), spilled.models()):
+        assert rows_a == rows_b
+        for name in ("Cd", "y", "codes", "Zs"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        assert not b.Cd.flags.writeable and b.Cd.flags.f_contiguous
     for key in range(dask_backend.CHI_KEPT + 3):
-        spilled.remember(key, np.full(a.n, float(key)))
+        spilled.remember(key, np.full(spilled.n, float(key)))
         time.sleep(0.02)  # the order of use is the files' modification times
-    kept = sorted(p.name for p in (tmp_path / "0").glob("kept_*.npy"))
+    kept = sorted(p.name for p in (tmp_path / "b").glob("kept_*.npy"))
     assert len(kept) == dask_backend.CHI_KEPT
     assert spilled.recall(0) is None and spilled.recall(dask_backend.CHI_KEPT + 2)[0] == dask_backend.CHI_KEPT + 2
+
+
+@pytest.mark.parametrize("persist", [True, False])
+def test_coalesced_blocks_equal_in_memory_fit(client, frame, persist):
+    """With the default BLOCK_BYTES the partitions make one block per worker (a pass is one task
+    per worker), the fit is the in-memory fit, a refit gives identical numbers (the blocks do not
+    depend on where the scheduler ran the tasks), and most sweeps take one pass (the Gram of a
+    sweep's state and SQUAREM's norms computed ahead)."""
+    formula = "y ~ x1 + x2 + x3 + x4 + C(sex)"
+    ref = vbsvm.svm(formula, frame, method="meanfield")
+    data = dd.from_pandas(frame, npartitions=7)
+    fit = vbsvm.svm(formula, data, method="meanfield", persist=persist)
+    again = vbsvm.svm(formula, data, method="meanfield", persist=persist)
+    np.testing.assert_array_equal(again.coef.to_numpy(), fit.coef.to_numpy())
+    assert fit.info["blocks"] == len(client.scheduler_info()["workers"]) < 7
+    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
+    assert fit.info["passes"] < 1.5 * fit.info["n_sweeps"]
+
+
+def test_pass_memory_does_not_grow_with_the_block(frame):
+    """A pass's task allocates its scratch arrays and one row vector (the block's new log chi),
+    not arrays of the design's size, however many rows its block has."""
+    import tracemalloc
+
+    from vbsvm import dask_backend
+
+    big = pd.concat([frame] * 160, ignore_index=True)  # 400,000 rows
+    formula = "y ~ x1 + x2 + x3 + x4 + C(sex)"
+    spec = _block_spec(big, formula)
+    parts = [dask_backend._task_part(big.iloc[s:s + 50_000], spec, None) for s in range(0, len(big), 50_000)]
+    block = dask_backend._task_coalesce(None, *parts)
+    model = dask_backend.DaskLinearModel([], spec.design, spec.settings)
+    glob = model.skeleton.vb_initial_state()
+    _, Bq, q_cov = model.skeleton._unpack_state(glob)
+    gram = dask_backend._task_gram(block, ("zero",))
+    post = model.skeleton.vb_update(Bq, q_cov, gram=dask_backend._Gram(*gram))["theta"]
+    design_bytes = sum(p.Cd.nbytes for p in parts)
+    tracemalloc.start()
+    dask_backend._task_sweep(block, post, 0, None)
+    dask_backend._task_gram(block, ("sub", ("post", post, 0), ("zero",)))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    scratch = dask_backend._Rows(spec.design.p)
+    scratch_bytes = scratch.V.nbytes + scratch.S.nbytes + scratch.vec.nbytes
+    assert peak < 2 * 8 * block.n + scratch_bytes + 2 ** 19 < design_bytes / 2

@@ -18,21 +18,29 @@ combined by Chan's parallel formulas (no cancellation). Each partition's design 
 (formulaic runs on chunks of ``CHUNK_ROWS`` rows, so a worker's transient memory does not grow
 with the partitions' size).
 
-Blocks. The design of each partition is built once, in one pass over the source, into a block
-(:class:`_Block`; consecutive partitions are grouped into one block up to ``BLOCK_BYTES`` of
-design, fewer tasks per pass): its :class:`~vbsvm.models.linear.LinearSVMModel` (design in the
-column-major layout the Gram uses, labels, level codes) and a small memory of per-row arrays.
-``dask.persist`` keeps the blocks on the workers and every later pass maps its tasks over them,
-so formulaic and the source (e.g. Parquet) are never touched again. Two kinds:
+Blocks. The design of each partition is built once, in one pass over the source (one task a
+partition, so a worker holds one raw partition at a time), into its
+:class:`~vbsvm.models.linear.LinearSVMModel` (design in the column-major layout the Gram uses,
+labels, level codes). Consecutive partitions are coalesced into blocks (:class:`_Block`) of up to
+``BLOCK_BYTES`` of design, about one block per worker, each built and kept on its worker (and so a
+function of the partitions and the number of workers only: refits give identical numbers), with a
+small memory of per-row arrays: a pass over the data is about one task per worker, because Dask's
+cost is per task (~10 ms of a
+worker's CPU and ~20 ms of the client's and scheduler's a pass, whatever the rows). Dask keeps the
+blocks on the workers and every later pass maps its tasks over them, so formulaic and the source
+(e.g. Parquet) are never touched again. A task walks its block partition by partition, and the
+dense products by row chunks through scratch arrays allocated once per task (:class:`_Rows`): its
+working memory does not grow with the block. Two kinds:
 
 * in memory (:class:`_Resident`, ``persist=True``), when the designs fit the workers' memory;
-* spilled (:class:`_Spilled`, ``persist=False``, out of core): the model is pickled once with
-  its large arrays written out of band as raw files in a directory the fit owns (created under
-  Dask's ``temporary-directory`` config, default the system's temporary directory, and removed
-  when the fit ends, also on error), and each pass unpickles it over read-only memory maps of
-  those files: no copy, no parsing, pages from the page cache or the disk, released when the task
-  ends, so a worker holds one partition at a time whatever n. The directory must be readable by
-  every worker (one machine, or a shared filesystem).
+* spilled (:class:`_Spilled`, ``persist=False``, out of core): each partition's model is pickled
+  once with its large arrays written out of band as raw files in a directory the fit owns
+  (created under Dask's ``temporary-directory`` config, default the system's temporary
+  directory, and removed when the fit ends, also on error), and each pass unpickles it over
+  read-only memory maps of those files (:class:`_SpilledPart`): no copy, no parsing, pages from
+  the page cache or the disk, released when the task moves to the next partition, so a worker
+  maps one partition at a time whatever n. The directory must be readable by every worker (one
+  machine, or a shared filesystem).
 
 ``persist="auto"`` (default) keeps the blocks in memory when the designs take less than half the
 workers' total memory limit (1 GB without a distributed client), and spills them otherwise.
@@ -55,25 +63,33 @@ with ``m_i, v_i`` the mean and variance of ``c_i' theta``. So the per-row part o
 as an expression — a sweep's posterior (with a token naming it), or SQUAREM's
 ``x - 2 s r + s^2 v`` of such — and evaluated row by row inside each partition task, with the same
 floating-point operations as the in-memory arrays. The ELBO pass of a sweep computes ``m_i, v_i``
-of the new q anyway; it leaves ``log chi`` in the partition's block under the posterior's token,
-and the block keeps the last ``CHI_KEPT`` used (8 bytes a row each; in the spill files when
-spilled), so the next sweep's Gram pass and SQUAREM's norms read them instead of recomputing the
-variances (a block that misses one, e.g. a copy on another worker, recomputes it from the
-posterior). The engine (:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these
-states; the norms of SQUAREM's step length are one more reduction (``vb_state_norms``). The
-client holds q.
+of the new q anyway; it leaves ``log chi`` in the block under the posterior's token, and the block
+keeps the last ``CHI_KEPT`` used (8 bytes a row each; in files when spilled), so SQUAREM's norms
+and proposals read them instead of recomputing the variances (a block that misses one, e.g. a
+copy on another worker, recomputes it from the posterior). The engine
+(:func:`vbsvm.inference.vb.coordinate_ascent`) runs unchanged on these states; the norms of
+SQUAREM's step length are a reduction (``vb_state_norms``), usually computed ahead. The client
+holds q.
 
 Why the result is the in-memory fit: every sweep computes the same sums (only their order of
 summation differs, ~1e-16 relative), the same per-row values and the same client-side updates, so
 the iterates, the accepted SQUAREM steps and the stopping sweep are the same; the tests check
 coefficients and sds to 1e-8 (relative) with 1, 2 and 7 partitions on a LocalCluster.
 
-Passes over the blocks: two per sweep (the statistics given the current state: one ``C' W C``;
-the ELBO of the new q: one product for the variances of the scores), one more per SQUAREM step
-(the norms, from the remembered ``log chi`` only). Before them, three passes over the source: the
-levels, the standardization constants, the blocks; after them, the probit scale of
-``kind="prob"`` (the scores under the final q, kept in the blocks while a one-dimensional search
-sums their log likelihood).
+Passes over the blocks. A sweep needs two: the statistics given the state (one ``C' W C``), then
+the ELBO of the new q (one product for the variances of the scores), which gives ``log chi`` of
+the state the sweep leaves. The second pass therefore also computes the working Gram of that
+state (:func:`_task_sweep`), which is the next sweep's first pass whenever the next sweep starts
+there — always, except for SQUAREM's extrapolated proposals, whose step length is known only
+after the norms. And the pass that ends the second sweep of a SQUAREM step (its states
+``x0, x1, x2`` outputs of consecutive sweeps, all in the blocks' memories) also sums the squared
+norms of ``r = x1 - x0`` and ``v = x2 - x1 - r`` that the engine asks for next. A step is thus
+four passes for three sweeps, a step without extrapolation two for two (~1.2 passes a sweep;
+without this ~2.4). What is computed ahead is found by the expressions' names; anything not
+found (e.g. a Gram computed ahead but dropped) is a pass of its own. Before them, three passes
+over the source: the levels, the standardization constants, the blocks; after them, the probit
+scale of ``kind="prob"`` (the scores under the final q, kept in the blocks while a
+one-dimensional search sums their log likelihood).
 """
 
 from __future__ import annotations
@@ -95,7 +111,7 @@ import pandas as pd
 
 from .exceptions import InputError
 from .models import hinge
-from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision, meanfield_posterior
+from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision, meanfield_posterior, row_blocks
 
 __all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskDesign", "DaskLinearModel"]
 
@@ -380,82 +396,44 @@ def _combine_moments(*parts):
 
 
 # ============================================================================ partition blocks
-#: sweep posteriors whose ``log chi`` a partition keeps, the least recently used dropped first: a
+#: sweep posteriors whose ``log chi`` a block keeps, the least recently used dropped first: a
 #: SQUAREM step reads at most four (its start, its two sweeps, the newest)
 CHI_KEPT = 5
 
-#: pickle buffers below this many bytes stay inside a spilled block's pickle (not in a file)
+#: pickle buffers below this many bytes stay inside a spilled partition's pickle (not in a file)
 SMALL_BUFFER = 1 << 16
 
-
-#: design bytes a block aims at: consecutive partitions are grouped up to it, so that a pass has
-#: few tasks (Dask's overhead is per task) while a spilled block's pages, mapped during its task,
-#: stay a small part of a worker's memory
-BLOCK_BYTES = 32 * 2 ** 20
-
-
-def _task_block(frames, spec, path):
-    """The :class:`_Block` of consecutive raw partitions ``frames``: in memory (``path`` None) or
-    spilled under ``path``."""
-    model = spec.model(frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True))
-    return _Resident(model) if path is None else _Spilled(model, path)
+#: design bytes a block aims at: consecutive partitions are coalesced into blocks of up to this
+#: size, about one per worker, so that a pass is about one task per worker (Dask's cost is per task). A task walks
+#: its block partition by partition (a spilled partition's pages are mapped only while it is
+#: used) and each partition by row chunks through scratch arrays allocated once per task
+#: (:class:`_Rows`), so its working memory does not grow with the block.
+BLOCK_BYTES = 256 * 2 ** 20
 
 
-class _Block:
-    """One partition's rows as the sweeps use them — its :class:`LinearSVMModel` (the design's rows
-    in the column-major layout of the Gram, the labels, the level codes), built once from the raw
-    partition — and a memory of per-row arrays by key (the ``log chi`` of the last ``CHI_KEPT``
-    sweep posteriors used, the least recently used dropped). Kept on a worker by ``dask.persist``;
-    the subclasses hold the arrays in memory or in files. The memory is an optimization only: a
-    task that misses it recomputes ``log chi`` from the posterior (e.g. on a worker holding a copy
-    of the block)."""
+def _task_part(frame, spec, path):
+    """The :class:`LinearSVMModel` of a raw partition's complete rows (None without any), kept
+    as is (``path`` None) or spilled to files under ``path`` (:class:`_SpilledPart`)."""
+    model = spec.model(frame)
+    return model if model is None or path is None else _SpilledPart(model, path)
 
 
-class _Resident(_Block):
-    """A :class:`_Block` in the worker's memory."""
-
-    def __init__(self, model):
-        self._model = model
-        self._values = {}
-        self._kept = []  # keys, least recently used first
-
-    def _touch(self, key) -> list:
-        """Mark ``key`` used; returns the keys to drop."""
-        if key in self._kept:
-            self._kept.remove(key)
-        self._kept.append(key)
-        dropped, self._kept = self._kept[:-CHI_KEPT], self._kept[-CHI_KEPT:]
-        return dropped
-
-    def model(self):
-        return self._model
-
-    def recall(self, key):
-        got = self._values.get(key)
-        if got is not None:
-            self._touch(key)
-        return got
-
-    def remember(self, key, values):
-        self._values[key] = values
-        for old in self._touch(key):
-            del self._values[old]
-
-    def __sizeof__(self):  # what Dask counts as this block's memory
-        arrays = list(vars(self._model).values()) if self._model is not None else []
-        arrays += list(self._values.values())
-        return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+def _task_coalesce(path, *parts):
+    """The :class:`_Block` of consecutive partitions ``parts`` (outputs of :func:`_task_part`):
+    in memory (``path`` None) or spilled, its memory of per-row arrays under ``path``."""
+    parts = [p for p in parts if p is not None]
+    return _Resident(parts) if path is None else _Spilled(parts, path)
 
 
-class _Spilled(_Block):
-    """A :class:`_Block` in files under ``path``: the model is pickled once (protocol 5) with its
-    large arrays written out of band, one raw file each, and every pass unpickles it over
-    read-only memory maps of those files (no copy; the pages come from the page cache or the
-    disk, and are released when the task ends). The remembered arrays are ``.npy`` files."""
+class _SpilledPart:
+    """A partition's model in files under ``path``: pickled once (protocol 5) with its large
+    arrays written out of band, one raw file each; :meth:`model` unpickles it over read-only
+    memory maps of those files (no copy; the pages come from the page cache or the disk, and are
+    released when the model is dropped)."""
 
     def __init__(self, model, path):
         os.makedirs(path)
-        self.path = path
+        self.n = model.n
         self._files = []
 
         def out_of_band(buffer):
@@ -473,10 +451,88 @@ class _Spilled(_Block):
     def model(self):
         return pickle.loads(self._pickle, buffers=[np.memmap(f, dtype=np.uint8, mode="r") for f in self._files])
 
+
+class _Block:
+    """Consecutive partitions' rows as the sweeps use them — one
+    :class:`~vbsvm.models.linear.LinearSVMModel` each (the design's rows in the column-major
+    layout of the Gram, the labels, the level codes), built once from the raw partition — and a
+    memory of per-row arrays of the whole block by key (the ``log chi`` of the last ``CHI_KEPT``
+    sweep posteriors used, the least recently used dropped). Kept on a worker by Dask; the
+    subclasses hold the models and arrays in memory or in files. The memory is an optimization
+    only: a task that misses it recomputes ``log chi`` from the posterior (e.g. on a worker
+    holding a copy of the block).
+
+    Parameters
+    ----------
+    parts : list
+        The partitions' models (:class:`_Resident`) or :class:`_SpilledPart` (:class:`_Spilled`).
+    """
+
+    def __init__(self, parts):
+        self._parts = parts
+        self.offsets = np.cumsum([0] + [p.n for p in parts])
+        self.n = int(self.offsets[-1])
+
+    def models(self):
+        """``(rows, model)`` of each partition: its slice of the block's rows and its model."""
+        for k, part in enumerate(self._parts):
+            yield slice(self.offsets[k], self.offsets[k + 1]), self._model(part)
+
+
+class _Resident(_Block):
+    """A :class:`_Block` in the worker's memory."""
+
+    def __init__(self, parts):
+        super().__init__(parts)
+        self._values = {}
+        self._kept = []  # keys, least recently used first
+
+    @staticmethod
+    def _model(part):
+        return part
+
+    def _touch(self, key) -> list:
+        """Mark ``key`` used; returns the keys to drop."""
+        if key in self._kept:
+            self._kept.remove(key)
+        self._kept.append(key)
+        dropped, self._kept = self._kept[:-CHI_KEPT], self._kept[-CHI_KEPT:]
+        return dropped
+
+    def recall(self, key):
+        got = self._values.get(key)
+        if got is not None:
+            self._touch(key)
+        return got
+
+    def remember(self, key, values):
+        self._values[key] = values
+        for old in self._touch(key):
+            del self._values[old]
+
+    def __sizeof__(self):  # what Dask counts as this block's memory
+        arrays = [a for part in self._parts for a in vars(part).values()] + list(self._values.values())
+        return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
+
+
+class _Spilled(_Block):
+    """A :class:`_Block` of :class:`_SpilledPart` (each model is unpickled over memory maps while
+    a task uses it); the remembered arrays are ``.npy`` files under ``path``, read through memory
+    maps."""
+
+    def __init__(self, parts, path):
+        super().__init__(parts)
+        os.makedirs(path)
+        self.path = path
+
+    @staticmethod
+    def _model(part):
+        return part.model()
+
     def _file(self, key) -> str:
         return os.path.join(self.path, f"kept_{key}.npy")
 
-    # The order of use is the files' modification times, not ``_kept``: a copy of this handle on
+    # The order of use is the files' modification times, not a list: a copy of this handle on
     # another worker (Dask may move a task and its small inputs) then sees the same memory.
     def recall(self, key):
         name = self._file(key)
@@ -484,7 +540,7 @@ class _Spilled(_Block):
             os.utime(name)
         except FileNotFoundError:
             return None
-        return np.load(name)
+        return np.load(name, mmap_mode="r")
 
     def remember(self, key, values):
         np.save(self._file(key), values)
@@ -545,62 +601,197 @@ class DaskState:
     __mul__ = __rmul__
 
 
-def _log_chi(post, part):
-    """``log chi`` of a partition's rows after the sweep that produced ``post``."""
-    p = copy.copy(post)
-    p.model = part
-    mf, vf = p.linear_predictor()
-    return np.log(hinge.update_chi(part.y, mf, vf))
+def _key(expr):
+    """A hashable name of a state expression (a sweep posterior is named by its token)."""
+    if expr[0] == "post":
+        return ("post", expr[2])
+    if expr[0] == "zero":
+        return expr
+    if expr[0] == "mul":
+        return ("mul", expr[1], _key(expr[2]))
+    return (expr[0], _key(expr[1]), _key(expr[2]))
 
 
-def _evaluate(expr, part, block):
-    """Per-row values of a state expression on one partition (the in-memory arithmetic); the
-    ``log chi`` of each sweep posterior comes from the partition's memory when it is still there
-    (:meth:`_Block.recall`), else it is recomputed from the posterior."""
+def _log_chi(post, block):
+    """``log chi`` of a block's rows after the sweep that produced ``post``."""
+    out = np.empty(block.n)
+    for rows, part in block.models():
+        p = copy.copy(post)
+        p.model = part
+        mf, vf = p.linear_predictor()
+        np.log(hinge.update_chi(part.y, mf, vf), out=out[rows])
+    return out
+
+
+def _evaluate(expr, block, rows, recalled):
+    """Per-row values of a state expression on the block's ``rows`` (the in-memory arithmetic);
+    the ``log chi`` of each sweep posterior comes from the block's memory when it is still there
+    (:meth:`_Block.recall`), else it is recomputed from the posterior for the whole block.
+    ``recalled`` (a dict, one per task) keeps what the task has recalled by token, so that a
+    task evaluating the expression chunk by chunk recalls each array once."""
     kind = expr[0]
     if kind == "zero":
-        return np.zeros(part.n)
+        return np.zeros(rows.stop - rows.start)
     if kind == "post":
         _, post, token = expr
-        got = block.recall(token)
+        got = recalled.get(token)
         if got is None:
-            got = _log_chi(post, part)
-            block.remember(token, got)
-        return got
+            got = block.recall(token)
+            if got is None:
+                got = _log_chi(post, block)
+                block.remember(token, got)
+            recalled[token] = got
+        return got[rows]
     if kind == "mul":
-        return expr[1] * _evaluate(expr[2], part, block)
-    a, b = _evaluate(expr[1], part, block), _evaluate(expr[2], part, block)
+        return expr[1] * _evaluate(expr[2], block, rows, recalled)
+    a, b = _evaluate(expr[1], block, rows, recalled), _evaluate(expr[2], block, rows, recalled)
     return a + b if kind == "add" else a - b
 
 
-def _task_gram(block, rows):
-    part = block.model()
-    if part is None:
-        return None
-    w = hinge.expected_inverse(np.exp(_evaluate(rows, part, block)))
+class _Rows:
+    """The row-chunked products of a pass over the partitions of a model without an eliminated
+    term (the dense design ``C_d`` only), through scratch arrays allocated once: the chunks are
+    :func:`~vbsvm.models.linear.row_blocks` of the design, and no array of a partition's size
+    is allocated (Dask's workers return freed memory to the system at once —
+    ``MALLOC_TRIM_THRESHOLD_`` — which makes every large temporary a fresh mapping whose pages
+    fault in; with these buffers a pass runs as fast on a worker as in a plain process).
+
+    The arithmetic is the in-memory engine's: the scores' moments of
+    ``CoefficientPosterior._dense_predictor``, ``chi`` and the ELBO terms of :mod:`hinge`, the
+    weights ``chi^{-1/2}`` of ``exp(log chi)`` and the products of
+    :func:`~vbsvm.models.linear.weighted_gram`, only summed by chunks.
+
+    Parameters
+    ----------
+    qd : int
+        Columns of the dense design.
+    """
+
+    def __init__(self, qd):
+        self.qd = qd
+        step = row_blocks(2 ** 17, qd + 1)[0].stop  # the longest chunk
+        self.V = np.empty((qd + 1, step))
+        self.S = np.empty((step, qd), order="F")
+        self.vec = np.empty((4, step))
+        self.ones = np.ones(qd)
+        self.AA = np.empty((qd, qd))
+        self.A = np.zeros((qd, qd))
+        self.bd = np.zeros(qd)
+
+    def chunks(self, part) -> list:
+        """The row chunks of a partition's model (slices of its rows)."""
+        return row_blocks(part.n, self.qd + 1)
+
+    def hinge(self, part, rows, loadings, log_chi) -> float:
+        """The ELBO's hinge terms of ``rows`` under the posterior whose ``[L^{-1}; mu']`` is
+        ``loadings``; writes their ``log chi`` into ``log_chi``."""
+        C, y = part.Cd[rows], part.y[rows]
+        k = y.size
+        V = np.matmul(loadings, C.T, out=self.V[:, :k])
+        mean = V[-1]
+        var, gap, chi, terms = (v[:k] for v in self.vec)
+        np.dot(self.ones, np.square(V[:-1], out=V[:-1]), out=var)
+        np.multiply(y, mean, out=gap)
+        np.subtract(1.0, gap, out=gap)
+        np.square(gap, out=chi)
+        chi += var
+        np.maximum(chi, hinge.CHI_FLOOR, out=chi)
+        np.log(chi, out=log_chi)
+        np.square(gap, out=terms)  # (1 - y m) + (chi + T) / (2 sqrt(chi)), T = (1 - y m)^2 + v
+        terms += var
+        terms += chi
+        terms /= np.sqrt(chi, out=chi)
+        terms *= 0.5
+        terms += gap
+        return -float(terms.sum())
+
+    def gram(self, part, rows, log_chi):
+        """Add the working Gram ``C' W C`` and ``C' r`` of ``rows`` with ``w = chi^{-1/2}``
+        from their ``log chi`` to :attr:`A`, :attr:`bd`."""
+        C, y = part.Cd[rows], part.y[rows]
+        k = y.size
+        w, r = self.vec[0, :k], self.vec[1, :k]
+        np.exp(log_chi, out=w)
+        if not np.all(w > 0):
+            raise ValueError("GIG: chi must be strictly positive")  # as hinge.expected_inverse
+        np.sqrt(w, out=w)
+        np.divide(1.0, w, out=w)
+        np.add(1.0, w, out=r)
+        r *= y
+        self.bd += C.T @ r
+        np.sqrt(w, out=w)
+        S = np.multiply(C, w[:, None], out=self.S[:k])
+        self.A += np.matmul(S.T, S, out=self.AA)
+
+    def gram_parts(self) -> tuple:
+        """The Gram added so far, as :func:`_gram_parts` of a model without an eliminated term."""
+        return self.A, self.bd, None, None, np.zeros((0, 1))
+
+
+def _partition_gram(part, log_chi) -> tuple:
+    """The working Gram of a partition with an eliminated term (the model's own algebra)."""
+    w = hinge.expected_inverse(np.exp(log_chi))
     return _gram_parts(WorkingGram(part, w, hinge.working_response(part.y, w)))
 
 
-def _task_elbo(block, post, token):
-    """The hinge terms of the ELBO of ``post``; keeps the partition's ``log chi`` under ``token``
-    (the next sweep's state, usually)."""
-    part = block.model()
-    if part is None:
-        return 0.0
-    p = copy.copy(post)
-    p.model = part
-    mf, vf = p.linear_predictor()
-    chi = hinge.update_chi(part.y, mf, vf)
-    block.remember(token, np.log(chi))
-    return hinge.elbo(part.y, mf, vf, chi)
+def _task_gram(block, state):
+    """The working Gram of the block's rows given the per-row part ``state`` of a VB state."""
+    grams, dense, recalled = [], None, {}
+    for rows, part in block.models():
+        if part.m_sparse:
+            grams.append(_partition_gram(part, _evaluate(state, block, rows, recalled)))
+            continue
+        dense = dense or _Rows(part.qd)
+        for sub in dense.chunks(part):  # the state's arithmetic by chunks too: small temporaries
+            at = slice(rows.start + sub.start, rows.start + sub.stop)
+            dense.gram(part, sub, _evaluate(state, block, at, recalled))
+    if dense is not None:
+        grams.append(dense.gram_parts())
+    return _sum_gram(*grams)
 
 
-def _task_norms(block, r, v):
-    part = block.model()
-    if part is None:
-        return 0.0, 0.0, True
-    rv, vv = _evaluate(r, part, block), _evaluate(v, part, block)
-    return float(rv @ rv), float(vv @ vv), bool(np.all(np.isfinite(vv)))
+def _task_sweep(block, post, token, differences):
+    """The second pass of a sweep, fused with the first of the next: the hinge terms of the
+    ELBO of ``post``; the block's ``log chi`` under ``post`` (kept under ``token``); the working
+    Gram of those weights (the next sweep's, if it starts from this sweep's state); and, if
+    ``differences`` is SQUAREM's ``(r, v)`` ending at this sweep's state, their norms."""
+    log_chi = np.empty(block.n)
+    value, grams, dense = 0.0, [], None
+    for rows, part in block.models():
+        if part.m_sparse:
+            p = copy.copy(post)
+            p.model = part
+            mf, vf = p.linear_predictor()
+            chi = hinge.update_chi(part.y, mf, vf)
+            np.log(chi, out=log_chi[rows])
+            value += hinge.elbo(part.y, mf, vf, chi)
+            grams.append(_partition_gram(part, log_chi[rows]))
+            continue
+        if dense is None:
+            dense = _Rows(part.qd)
+            loadings = np.vstack([post.Linv, post.mean_dense])
+        mine = log_chi[rows]
+        for sub in dense.chunks(part):
+            value += dense.hinge(part, sub, loadings, mine[sub])
+            dense.gram(part, sub, mine[sub])
+    if dense is not None:
+        grams.append(dense.gram_parts())
+    block.remember(token, log_chi)
+    norms = None if differences is None else _task_norms(block, *differences, recalled={token: log_chi})
+    return value, _sum_gram(*grams), norms
+
+
+def _task_norms(block, r, v, recalled=None):
+    """``(||r||^2, ||v||^2, v finite)`` of the per-row parts of two state expressions
+    (``recalled``: arrays by token the caller holds, see :func:`_evaluate`)."""
+    rr, vv, finite = 0.0, 0.0, True
+    recalled = {} if recalled is None else recalled
+    for rows, _ in block.models():
+        rv, vv_ = _evaluate(r, block, rows, recalled), _evaluate(v, block, rows, recalled)
+        rr += float(rv @ rv)
+        vv += float(vv_ @ vv_)
+        finite = finite and bool(np.all(np.isfinite(vv_)))
+    return rr, vv, finite
 
 
 def _sum_gram(*parts):
@@ -612,6 +803,12 @@ def _sum_norms(*parts):
     return (sum(p[0] for p in parts), sum(p[1] for p in parts), all(p[2] for p in parts))
 
 
+def _sum_sweeps(*parts):
+    norms = [p[2] for p in parts]
+    return (sum(p[0] for p in parts), _sum_gram(*(p[1] for p in parts)),
+            None if any(n is None for n in norms) else _sum_norms(*norms))
+
+
 def _sum_floats(*parts):
     return float(sum(parts))
 
@@ -620,15 +817,24 @@ class DaskLinearModel:
     """The VB interface of :class:`~vbsvm.models.linear.LinearSVMModel` (``vb_initial_state``,
     ``vb_sweep``, ``vb_state_norms``) over the partitions of a Dask frame.
 
+    A sweep is one pass when the working Gram of its state was computed ahead (the pass that
+    ends a sweep also computes the Gram of the state it leaves, in case the next sweep starts
+    there: it does unless SQUAREM extrapolates), else two; SQUAREM's norms are computed ahead in
+    the pass that ends the second sweep of a step, when the step's states are the outputs of
+    consecutive sweeps (see the module docstring).
+
     Parameters
     ----------
-    blocks : list of dask.delayed.Delayed
-        One persisted :class:`_Block` per partition.
+    blocks : list
+        The persisted :class:`_Block` (Dask delayed objects or futures).
     design : Design
         From :func:`learn_design`.
     settings : dict
         The checked settings of :func:`vbsvm.svm` (the priors).
     """
+
+    #: the Grams, SQUAREM norms and origins computed ahead that are kept (newest first)
+    KEPT_AHEAD = 4
 
     def __init__(self, blocks, design, settings):
         d, s = design, settings
@@ -643,6 +849,9 @@ class DaskLinearModel:
         self.blas_work = 0.0  # the client's products are q-sized
         self.passes = 0
         self._tokens = itertools.count()  # names the sweep posteriors in the blocks' memories
+        self._grams = {}  # key of a state's rows -> its working Gram, computed ahead
+        self._norms = {}  # keys of SQUAREM's (r, v) -> their norms, computed ahead
+        self._origin = {}  # token of a sweep posterior -> the rows of the state the sweep started from
 
     def _reduce(self, task, combine, *args):
         dask = _dask()
@@ -651,23 +860,51 @@ class DaskLinearModel:
         self.passes += 1
         return out
 
+    @classmethod
+    def _keep(cls, store, key, value):
+        store[key] = value
+        for old in list(store)[:-cls.KEPT_AHEAD]:
+            del store[old]
+
     def vb_initial_state(self) -> DaskState:
         return DaskState(self.skeleton.vb_initial_state(), ("zero",))
 
     def vb_sweep(self, state: DaskState):
-        """One sweep of :meth:`LinearSVMModel.vb_sweep`: a pass for the working Gram given the
-        state, the update of q on the client, a pass for the hinge terms of the ELBO (which
-        leaves each partition's ``log chi`` of the new q in its block, for the next pass)."""
+        """One sweep of :meth:`LinearSVMModel.vb_sweep`: the working Gram given the state (computed
+        ahead, or a pass), the update of q on the client, a pass for the hinge terms of the ELBO
+        that also leaves each block's ``log chi`` of the new q in its memory and computes its
+        working Gram (and, after the second sweep of a SQUAREM step, the step's norms)."""
         _, Bq, q_cov = self.skeleton._unpack_state(state.glob)
-        A, bd, D, G, br = self._reduce(_task_gram, _sum_gram, state.rows)
-        q = self.skeleton.vb_update(Bq, q_cov, gram=_Gram(A, bd, D, G, br))
+        gram = self._grams.pop(_key(state.rows), None)
+        if gram is None:
+            gram = self._reduce(_task_gram, _sum_gram, state.rows)
+        q = self.skeleton.vb_update(Bq, q_cov, gram=_Gram(*gram))
         token = next(self._tokens)
-        value = self.skeleton.elbo_prior(q, self._reduce(_task_elbo, _sum_floats, q["theta"], token))
-        return DaskState(self.skeleton.vb_global_state(q), ("post", q["theta"], token)), q, value
+        rows = ("post", q["theta"], token)
+        differences = self._differences(state.rows, rows)
+        hinge_terms, gram, norms = self._reduce(_task_sweep, _sum_sweeps, q["theta"], token, differences)
+        self._keep(self._grams, _key(rows), gram)
+        self._keep(self._origin, token, state.rows)
+        if differences is not None:
+            self._keep(self._norms, tuple(map(_key, differences)), norms)
+        value = self.skeleton.elbo_prior(q, hinge_terms)
+        return DaskState(self.skeleton.vb_global_state(q), rows), q, value
+
+    def _differences(self, start, end):
+        """SQUAREM's ``(r, v) = (x1 - x0, x2 - x1 - r)`` if this sweep goes from ``x1 = start`` to
+        ``x2 = end`` and ``x1`` is the output of a sweep from a sweep's output ``x0``; else None."""
+        if start[0] != "post" or start[2] not in self._origin:
+            return None
+        x0 = self._origin[start[2]]
+        if x0[0] != "post":
+            return None
+        r = ("sub", start, x0)
+        return r, ("sub", ("sub", end, start), r)
 
     def vb_state_norms(self, r: DaskState, v: DaskState):
-        """``(||r||, ||v||, v finite)`` of SQUAREM's differences, in one pass."""
-        rr, vv, finite = self._reduce(_task_norms, _sum_norms, r.rows, v.rows)
+        """``(||r||, ||v||, v finite)`` of SQUAREM's differences: computed ahead, or one pass."""
+        got = self._norms.pop((_key(r.rows), _key(v.rows)), None)
+        rr, vv, finite = got if got is not None else self._reduce(_task_norms, _sum_norms, r.rows, v.rows)
         rr += float(r.glob @ r.glob)
         vv += float(v.glob @ v.glob)
         return math.sqrt(rr), math.sqrt(vv), finite and bool(np.all(np.isfinite(v.glob)))
@@ -742,10 +979,9 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
     group = max(1, int(BLOCK_BYTES // (8.0 * width * max(design.n / len(sources), 1.0))))
     try:
-        blocks = list(dask.persist(*[dask.delayed(_task_block)(sources[k:k + group], spec,
-                                                               root and os.path.join(root, str(k)))
-                                     for k in range(0, len(sources), group)]))
-        _wait(blocks)
+        parts = [dask.delayed(_task_part)(s, spec, root and os.path.join(root, f"part{k}"))
+                 for k, s in enumerate(sources)]
+        blocks = _coalesce(parts, group, root)
         setup = time.perf_counter() - start
         model = DaskLinearModel(blocks, design, settings)
         layout = ThetaLayout.from_model(model.skeleton, design)
@@ -768,16 +1004,54 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     return fit
 
 
-def _wait(blocks):
-    """Return once the persisted ``blocks`` exist (a distributed client builds them in the
-    background; the local schedulers already have)."""
-    try:
-        from distributed import get_client, wait
+def _coalesce(parts, group, root) -> list:
+    """The blocks of the partitions' models ``parts`` (delayed :func:`_task_part`), built and kept
+    on the workers. The blocks are consecutive runs of partitions of equal lengths (within one), as
+    many as the smallest multiple of the workers that gives runs of at most ``group`` partitions
+    (one block per worker when the data allow); block ``j``'s partitions are built and coalesced into one
+    :class:`_Block` on worker ``j`` modulo the workers (a resident model is then not copied;
+    Dask may still move a task if that worker is gone or busy). The blocks, and so the order of
+    every sum over them, depend on the partitions and the number of workers only, not on where
+    the scheduler ran what: a refit gives identical numbers. Spilled (memory under ``root``)
+    unless ``root`` is None. Returns futures with a distributed client, else persisted delayed
+    objects."""
+    dask = _dask()
+    client = _client()
+    workers = sorted(_workers(client)) if client is not None else [None]
+    count = len(workers) * math.ceil(len(parts) / (len(workers) * group))
+    edges = [k * len(parts) // count for k in range(count + 1)]
+    runs = [parts[a:b] for a, b in zip(edges[:-1], edges[1:]) if b > a]
+    paths = [root and os.path.join(root, f"block{j}") for j in range(len(runs))]
+    if client is None:
+        return list(dask.persist(*[dask.delayed(_task_coalesce)(path, *run) for path, run in zip(paths, runs)]))
+    from distributed import wait
 
-        get_client()
-    except (ImportError, ValueError):
-        return
+    blocks = []
+    for j, (path, run) in enumerate(zip(paths, runs)):
+        where = [workers[j % len(workers)]]
+        built = client.compute(run, workers=where, allow_other_workers=True)
+        blocks.append(client.submit(_task_coalesce, path, *built, workers=where, allow_other_workers=True,
+                                    pure=False))
     wait(blocks)
+    return blocks
+
+
+def _client():
+    """The distributed client in use, or None (no distributed, or a local scheduler)."""
+    try:
+        from distributed import get_client
+
+        return get_client()
+    except (ImportError, ValueError):
+        return None
+
+
+def _workers(client) -> dict:
+    """The scheduler's information on each worker, by address."""
+    try:
+        return client.scheduler_info(n_workers=-1)["workers"]
+    except TypeError:  # older distributed
+        return client.scheduler_info()["workers"]
 
 
 def _check_groups(design, settings):
@@ -788,32 +1062,24 @@ def _check_groups(design, settings):
 
 def _memory_budget() -> float:
     """Half the workers' total memory limit (bytes), or 1 GB without a distributed client."""
-    try:
-        from distributed import get_client
-
-        client = get_client()
-    except (ImportError, ValueError):
+    client = _client()
+    if client is None:
         return 1e9
-    try:
-        workers = client.scheduler_info(n_workers=-1)["workers"]
-    except TypeError:  # older distributed
-        workers = client.scheduler_info()["workers"]
-    total = float(sum(w.get("memory_limit") or 0 for w in workers.values()))
+    total = float(sum(w.get("memory_limit") or 0 for w in _workers(client).values()))
     return 0.5 * total if total > 0 else 1e9
 
 
 def _scores(block, post):
-    """``(y m, s)`` of the partition's rows under ``post`` (for the probit scale), from its block's
-    memory or computed and kept there; None for an empty partition."""
+    """``(y m, s)`` of the block's rows under ``post`` (for the probit scale), from its memory or
+    computed and kept there."""
     got = block.recall("scores")
     if got is None:
-        part = block.model()
-        if part is None:
-            return None
-        p = copy.copy(post)
-        p.model = part
-        mf, vf = p.linear_predictor()
-        got = np.stack([part.y * mf, np.sqrt(np.maximum(vf, 0.0))])
+        got = np.empty((2, block.n))
+        for rows, part in block.models():
+            p = copy.copy(post)
+            p.model = part
+            mf, vf = p.linear_predictor()
+            got[:, rows] = part.y * mf, np.sqrt(np.maximum(vf, 0.0))
         block.remember("scores", got)
     return got
 
@@ -821,10 +1087,7 @@ def _scores(block, post):
 def _task_nll(block, post, a):
     from scipy.special import log_ndtr
 
-    got = _scores(block, post)
-    if got is None:
-        return 0.0
-    ym, s = got
+    ym, s = _scores(block, post)
     return -float(log_ndtr(a * ym / np.sqrt(1.0 + (a * s) ** 2)).sum())
 
 
