@@ -12,8 +12,11 @@ seed 1; ``--thin`` 5 for the slowly mixing problems, see ``THIN``):
 * ``meanfield``: the paper's algorithm (``method="meanfield"``);
 * ``meanfield_lr``: its means with the linear-response sds.
 
-Problems: toenail random intercepts (``penalty=None``); heart, diabetis, german, spam and the
-Section 4.2 simulation (n = 500, d = 10 and 50, seed 100) with ``penalty="auto"``.
+Problems: toenail random intercepts (``penalty=None``); toenail random intercepts and slopes of
+time, ``(1 + time | patient_id)`` (``penalty=None``; EP integrated over the covariance's three
+log-Cholesky coordinates, by CCD); heart, diabetis, german, spam and the Section 4.2 simulation
+(n = 500, d = 10 and 50, seed 100) with ``penalty="auto"``. The variance-component columns are the
+worst over the components (for the slopes the covariance's two variances).
 
 Reported per problem and candidate: ``max |mean - Gibbs mean| / Gibbs sd`` over the fixed effects
 (original scale), the sd ratio median / min / max, the variance component's mean and sd ratios,
@@ -53,6 +56,8 @@ from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel  # noqa: E4
 
 PROBLEMS = {
     "toenail": ("y ~ time * terbinafine + (1 | patient_id)", lambda: vbsvm.datasets.load("toenail"), None),
+    "toenail_slopes": ("y ~ time * terbinafine + (1 + time | patient_id)", lambda: vbsvm.datasets.load("toenail"),
+                       None),
     "heart": ("y ~ .", lambda: vbsvm.datasets.load("raetsch/heart"), "auto"),
     "diabetis": ("y ~ .", lambda: vbsvm.datasets.load("raetsch/diabetis"), "auto"),
     "german": ("y ~ .", lambda: vbsvm.datasets.load("raetsch/german"), "auto"),
@@ -61,7 +66,9 @@ PROBLEMS = {
     "spam": ("type ~ .", lambda: vbsvm.datasets.load("spam"), "auto"),
 }
 #: thinning of the reference chains: 4 x 5000 unthinned draws had R-hat 1.02-1.03 on these
-THIN = {"toenail": 5, "sim_d50": 5, "spam": 5}
+THIN = {"toenail": 5, "sim_d50": 5, "spam": 5, "toenail_slopes": 10}
+#: the problems whose variance components are a random-effect term's covariance (toenail-like bars)
+RANDOM_EFFECTS = ("toenail", "toenail_slopes")
 SETTINGS = {"sigma2_beta": 1e8, "A_u": 0.01, "B_u": 0.01, "draws": 1000, "chains": 4, "seed": 1}
 
 
@@ -78,7 +85,8 @@ def gibbs_reference(name, cache: Path):
                             chains=4, thin=thin, seed=1, progress=False)
         diag = fit.diagnostics()
         cache.mkdir(parents=True, exist_ok=True)
-        np.savez(path, theta=fit.posterior["theta_draws"].astype(np.float32), sigma2=fit.posterior["sigma2_draws"],
+        np.savez(path, theta=fit.posterior["theta_draws"].astype(np.float32),
+                 sigma2=np.concatenate([fit.posterior["sigma2_draws"], _cov_diagonals(fit.posterior)], axis=-1),
                  seconds=time.perf_counter() - t0, max_rhat=float(diag["r_hat"].max()),
                  min_ess=float(diag["ess_bulk"].min()))
     ref = np.load(path)
@@ -90,6 +98,16 @@ def gibbs_reference(name, cache: Path):
             "sigma2": sig.reshape(-1, sig.shape[-1]), "sigma2_chains": sig, "seconds": float(ref["seconds"]),
             "max_rhat": float(ref["max_rhat"]), "min_ess": float(ref["min_ess"]), "thin": thin,
             "chains": theta.shape[0], "draws": theta.shape[1], "ess": array_stats.ess}
+
+
+def _cov_diagonals(posterior):
+    """The variances of a random-effect covariance (one term) from ``cov_draws`` (..., q * q), or
+    an empty last axis."""
+    C = posterior.get("cov_draws")
+    if C is None:
+        return np.zeros(posterior["sigma2_draws"].shape[:-1] + (0,))
+    q = int(round(np.sqrt(C.shape[-1])))
+    return C[..., :: q + 1]
 
 
 def setup(name):
@@ -110,8 +128,9 @@ def timed(fn):
 def run_ep(design, settings, model, correct=True):
     M = design.to_original(model.qd)
     res = fit_calibrated(model, {**settings, "ep_correct": correct}, M)
+    C = _cov_diagonals(res).reshape(-1, _cov_diagonals(res).shape[-1])
     return {"mean": res["theta_mean"][: design.p], "sd": np.sqrt(res["theta_var"][: design.p]),
-            "s2_mean": res["sigma2_mean"], "s2_sd": res["sigma2_sd"]}
+            "s2_mean": np.r_[res["sigma2_mean"], C.mean(0)], "s2_sd": np.r_[res["sigma2_sd"], C.std(0, ddof=1)]}
 
 
 def vb_fixed(model, tau, chi=None, tol=1e-9, max_iter=3000):
@@ -176,9 +195,11 @@ def metrics(cand, ref, p):
     r = cand["sd"] / gs
     out = {"max_diff": float(d.max()), "sd_median": float(np.median(r)), "sd_min": float(r.min()),
            "sd_max": float(r.max())}
-    if ref["sigma2"].shape[1]:
-        out["s2_mean_ratio"] = float(cand["s2_mean"][0] / ref["sigma2"][:, 0].mean())
-        out["s2_sd_ratio"] = float(cand["s2_sd"][0] / ref["sigma2"][:, 0].std(ddof=1))
+    if ref["sigma2"].shape[1]:  # the worst variance component
+        mr = cand["s2_mean"] / ref["sigma2"].mean(0)
+        sr = cand["s2_sd"] / ref["sigma2"].std(0, ddof=1)
+        out["s2_mean_ratio"] = float(mr[np.argmax(np.abs(mr - 1))])
+        out["s2_sd_ratio"] = float(sr[np.argmax(np.abs(np.log(sr)))])
     return out
 
 
@@ -206,9 +227,9 @@ def gibbs_equivalent(ref, p, max_diff, burn_in=1000):
 
 def accept(name, m, seconds):
     """Issue #12 acceptance of one candidate on one problem."""
-    if name == "toenail":
+    if name in RANDOM_EFFECTS:
         ok = (abs(m["s2_mean_ratio"] - 1) <= 0.15 and 0.75 <= m["s2_sd_ratio"] <= 1.33 and m["max_diff"] <= 0.2
-              and m["sd_min"] >= 0.8 and m["sd_max"] <= 1.25 and seconds <= 0.5)
+              and m["sd_min"] >= 0.8 and m["sd_max"] <= 1.25 and (seconds <= 0.5 or name != "toenail"))
     else:
         ok = m["max_diff"] <= 0.1 and 0.8 <= m["sd_median"] <= 1.25 and m["sd_min"] >= 0.7 and m["sd_max"] <= 1.4
     return bool(ok)
@@ -251,9 +272,9 @@ def main(argv=None):
                 runs = [timed(lambda: run_ep(design, settings, model, correct=cand == "ep"))
                         for _ in range(args.repeat)]
                 out, wall, cpu = min(runs, key=lambda t: t[1])
-            elif cand == "vb_grid":
-                if not model.variance_components:
-                    continue
+            elif cand == "vb_grid" or (cand == "meanfield_lr" and model.covariance_components):
+                if not model.variance_components or model.covariance_components:
+                    continue  # a grid of one variance; linear response has no covariances
                 centre = integrate_variances(model).mode[0]
                 out, wall, cpu = timed(lambda: run_vb_grid(design, settings, model, centre))
             else:
@@ -279,7 +300,8 @@ def main(argv=None):
     summary = {c: all(r["candidates"][c]["pass_with_cost"] for r in results.values() if c in r["candidates"])
                for c in args.candidates}
     text = (f"# Issue #12: calibrated fast approximations vs Gibbs\n\n{table}\n\n"
-            "Gibbs: 4 chains x 5000 draws after 5000 (seed 1; thinned by 5 for toenail, sim_d50, spam). "
+            "Gibbs: 4 chains x 5000 draws after 5000 (seed 1; thinned by 5 for toenail, sim_d50, spam, "
+            "by 10 for toenail_slopes). "
             "'accuracy pass': the issue's bars on means, sds and the variance component. Cost bars: toenail "
             "<= 0.5 s and speed-up >= 10 (Gibbs-equivalent seconds / CPU seconds; the Gibbs time to make "
             "Monte Carlo errors as small as the candidate's largest error, see the script's docstring). "

@@ -109,8 +109,7 @@ def fit_linear(design, settings) -> Fit:
     readout = Readout(
         record=("theta", "sigma2", "cov", "log_pseudo_likelihood"), from_draws=from_draws,
         from_vb=lambda res: meanfield_posterior(res.q, res.elbo, M, model), from_mode=from_mode,
-        calibrated=None if covariances else (lambda model: fit_calibrated(model, settings, M)),
-        not_calibrated="random slopes",
+        calibrated=lambda model: fit_calibrated(model, settings, M),
         monitor=lambda post: Fit(design=design, layout=layout, settings=settings, method=method,
                                  posterior=post).summary_diagnostics())
     with limit_blas(model.blas_work):  # the small products after the fit too

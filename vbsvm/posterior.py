@@ -234,9 +234,12 @@ class GaussianApproximation(_Posterior):
         return rows
 
     def covariance_draws(self) -> dict:
-        """iid draws (``chains x draws`` of them, seeded at fit time) from each IW q."""
-        out, at = {}, 0
+        """iid draws (``chains x draws`` of them, seeded at fit time) from each IW q, or the
+        mixture draws a calibrated fit stored."""
         P = self.arrays
+        if "cov_draws" in P:
+            return super().covariance_draws()
+        out, at = {}, 0
         for i, name in enumerate(self.layout.covariances):
             q = len(self.layout.columns_of(name))
             rng = np.random.default_rng([self.settings.get("draw_seed") or 0, i])

@@ -36,7 +36,7 @@ __all__ = ["APPROXIMATIONS", "Readout", "fit", "record_run_length"]
 
 #: what ``fit.info["approximation"]`` says of each variational fit
 APPROXIMATIONS = {
-    "calibrated": "calibrated: EP integrated over a grid of the variances (INLA-style)",
+    "calibrated": "calibrated: EP integrated over the variance parameters (grid or CCD, INLA-style)",
     "meanfield": "mean-field VB (Luts & Ormerod Algorithms 1-4)",
 }
 

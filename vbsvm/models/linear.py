@@ -196,7 +196,7 @@ def _batched_cholesky_inverse(D):
     return L, np.linalg.solve(L, np.broadcast_to(np.eye(D.shape[1]), D.shape))
 
 
-def _spd_inverse(S) -> np.ndarray:
+def spd_inverse(S) -> np.ndarray:
     """Inverse of a small SPD matrix through its Cholesky factor."""
     Linv = np.linalg.solve(np.linalg.cholesky(S), np.eye(len(S)))
     return Linv.T @ Linv
@@ -556,18 +556,23 @@ def _term_columns(codes, m, Z) -> np.ndarray:
     return E
 
 
-def _pack_spd(M) -> np.ndarray:
+def pack_spd(M) -> np.ndarray:
     """An SPD matrix as an unconstrained vector: log-diagonal and lower triangle of its Cholesky
     factor (every real vector is a valid matrix, so SQUAREM may extrapolate it)."""
     L = np.linalg.cholesky(M)
     return np.concatenate([np.log(np.diag(L)), L[np.tril_indices(len(M), -1)]])
 
 
-def _unpack_spd(v, q) -> np.ndarray:
-    L = np.zeros((q, q))
-    L[np.diag_indices(q)] = np.exp(v[:q])
-    L[np.tril_indices(q, -1)] = v[q:]
-    return L @ L.T
+def unpack_spd(v, q) -> np.ndarray:
+    """Inverse of :func:`pack_spd`, vectorized over leading axes: ``v`` (..., q(q+1)/2) gives
+    matrices (..., q, q)."""
+    v = np.asarray(v, dtype=float)
+    L = np.zeros(v.shape[:-1] + (q, q))
+    i = np.arange(q)
+    L[..., i, i] = np.exp(v[..., :q])
+    rows, cols = np.tril_indices(q, -1)
+    L[..., rows, cols] = v[..., q:]
+    return L @ np.swapaxes(L, -1, -2)
 
 
 class LinearSVMModel:
@@ -767,12 +772,12 @@ class LinearSVMModel:
 
     def covariance_initial_state(self) -> np.ndarray:
         """Packed scales of the starting ``q(Sigma_k) = IW((df + m) I, df + m)`` (E[Sigma^{-1}] = I)."""
-        return np.concatenate([np.zeros(0)] + [_pack_spd((c.df + len(c.index)) * np.eye(c.index.shape[1]))
+        return np.concatenate([np.zeros(0)] + [pack_spd((c.df + len(c.index)) * np.eye(c.index.shape[1]))
                                                for c in self.covariance_components])
 
     def pack_covariances(self, q_covs) -> np.ndarray:
         """The scales of the ``q(Sigma_k)`` as a state vector (log-Cholesky, safe to extrapolate)."""
-        return np.concatenate([np.zeros(0)] + [_pack_spd(qc.scale) for qc in q_covs])
+        return np.concatenate([np.zeros(0)] + [pack_spd(qc.scale) for qc in q_covs])
 
     def unpack_covariances(self, packed) -> list:
         """Inverse of :meth:`pack_covariances`: the ``q(Sigma_k)``."""
@@ -780,7 +785,7 @@ class LinearSVMModel:
         for c in self.covariance_components:
             q = c.index.shape[1]
             size = q * (q + 1) // 2
-            covs.append(InverseWishart(_unpack_spd(packed[at:at + size], q), c.df + len(c.index)))
+            covs.append(InverseWishart(unpack_spd(packed[at:at + size], q), c.df + len(c.index)))
             at += size
         return covs
 
@@ -1120,7 +1125,7 @@ class LinearSVMModel:
         if not marginal_only:
             w = hinge.sample_inverse(self.y, f, rng)
         Sigmas = [qc.sample(rng) for qc in self.covariance_posteriors(self.scatter_matrices(theta))]
-        Lam = [_spd_inverse(S) for S in Sigmas]
+        Lam = [spd_inverse(S) for S in Sigmas]
         return {"w": w, "tau": 1.0 / sigma2, "Lam": Lam, "theta": theta, "sigma2": sigma2,
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0), "f": f,
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **tuner}
@@ -1138,7 +1143,7 @@ class LinearSVMModel:
         gap = np.maximum(np.abs(1.0 - self.y * f), np.sqrt(hinge.CHI_FLOOR))
         w = 1.0 / gap
         post = self.coefficient_posterior(w, self.prior_precision(1.0 / np.asarray(sigma2)),
-                                          self.prior_blocks([_spd_inverse(S) for S in covs]))
+                                          self.prior_blocks([spd_inverse(S) for S in covs]))
         theta = post.mean
         if self.variance_components:
             sizes = np.array([c.size for c in self.variance_components], dtype=float)

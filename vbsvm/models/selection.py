@@ -164,7 +164,7 @@ from scipy.special import expit
 from ..distributions import Bernoulli, InverseGamma, InverseGaussian
 from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram, _spd_inverse
+from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram, spd_inverse
 
 __all__ = ["LaplaceZeroModel", "SelectionPosterior", "selection_setup", "selectable_columns"]
 
@@ -617,7 +617,7 @@ class LaplaceZeroModel:
         M = np.zeros((qd, qd))
         A = np.flatnonzero(active)
         if A.size:
-            M[np.ix_(A, A)] = _spd_inverse(R[np.ix_(A, A)])
+            M[np.ix_(A, A)] = spd_inverse(R[np.ix_(A, A)])
         Mh = M @ h
         thresholds = None
         if rng is not None:
@@ -843,7 +843,7 @@ class LaplaceZeroModel:
         if flips:
             flips.update(flip_cmean=draw.mean, flip_cvar=draw.var, flip_coupling=draw.coupling)
         return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
-                "Lam": [_spd_inverse(S) for S in Sigmas],
+                "Lam": [spd_inverse(S) for S in Sigmas],
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **flips}
 
