@@ -100,12 +100,32 @@ def test_impute_with_slopes_vb_agrees_with_gibbs(impute_slope_fits):
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])
 
 
-def test_default_vb_with_impute_and_slopes_is_the_mean_field(slopes_missing, impute_slope_fits):
+def test_default_vb_with_impute_and_slopes_is_calibrated(slopes_missing, impute_slope_fits):
+    """``method="vb"`` pools calibrated EP fits (with the slope covariance integrated) over the
+    completions; it agrees with the cut Gibbs sampler as the mean-field pool does, and the
+    pooled inverse Wishart has the completions' mean covariance."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = vbsvm.svm(FORMULA, slopes_missing, missing="impute", seed=1)
-    assert "mean-field" in fit.info["approximation"]
-    np.testing.assert_allclose(fit.coef["mean"], impute_slope_fits[0].coef["mean"], rtol=1e-10)
+    assert fit.info["approximation"].startswith("calibrated") and "approximation_note" not in fit.info
+    vb, gibbs = impute_slope_fits
+    assert_agree(fit, gibbs, ["Intercept", "x", "z"])
+    assert covariance_rows(fit.varcomp())
+    assert fit.posterior["theta_cov_ss_blocks"].shape == (15, 2, 2)
+
+
+def test_pooled_inverse_wishart_matches_the_mixture_moments():
+    """The IW of the pool has the mixture's mean and the diagonal's variance (within + between)."""
+    from vbsvm.inference.pooled import _pooled_inverse_wishart
+
+    a, b = np.array([[2.0, 0.3], [0.3, 1.0]]), np.array([[3.0, -0.2], [-0.2, 1.4]])
+    va, vb_ = np.array([0.5, 0.1]), np.array([0.9, 0.2])
+    iw = _pooled_inverse_wishart([(a, va), (b, vb_)])
+    mean = iw.scale / (iw.df - 3.0)
+    np.testing.assert_allclose(mean, (a + b) / 2)
+    var = (va + vb_) / 2 + np.var([np.diag(a), np.diag(b)], axis=0)
+    # IW diagonal variance 2 m^2 / (df - q - 3), matched on average over the diagonal
+    assert iw.df - 5.0 == pytest.approx(np.mean(2 * np.diag(mean) ** 2 / var))
 
 
 @pytest.mark.parametrize("accelerate", [False, True])
@@ -356,3 +376,20 @@ def test_laplace_zero_with_impute_refusals(noise_missing):
     with pytest.raises(InputError, match="rho='auto'.*missing='impute'"):
         vbsvm.svm(LZI_FORMULA, noise_missing, prior=vbsvm.LaplaceZero(rho="auto"), missing="impute",
                   method="meanfield")
+
+
+def test_default_vb_with_laplace_zero_and_slopes_is_calibrated(slopes_noise, lz_slope_fits):
+    """``method="vb"``: EP with the spike-and-slab sites, integrated over sigma_u^2 and the slope
+    covariance's log-Cholesky coordinates; it agrees with Gibbs as the mean field does."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = vbsvm.svm(LZ_FORMULA, slopes_noise, prior=vbsvm.LaplaceZero(), seed=1)
+    assert fit.info["approximation"].startswith("calibrated") and "approximation_note" not in fit.info
+    assert fit.posterior["cov_draws"].shape == (4, 1000, 4)
+    assert fit.posterior["theta_cov_ss_blocks"].shape == (15, 2, 2)
+    assert covariance_rows(fit.varcomp())
+    gibbs = lz_slope_fits[1]
+    assert_agree(fit, gibbs, ["Intercept", "x", "z"])
+    diff = np.abs(fit.inclusion()["p_include"] - gibbs.inclusion()["p_include"])
+    assert (diff < 0.25).all(), diff
+    assert sorted(fit.selected) == ["x", "z"]

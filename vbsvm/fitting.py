@@ -172,9 +172,8 @@ def fit_laplace_zero(design, settings, prior):
     readout = Readout(
         record=("u", "gamma", "sigma2", "log_pseudo_likelihood") + (("cov",) if base.covariance_components else ()),
         from_draws=from_draws, from_vb=lambda res: dict(laplace_zero_arrays(model, res, M), sel_index=sel_index),
-        calibrated=None if model.slopes else (
-            lambda model: dict(laplace_zero_calibrated_arrays(model, settings, M), sel_index=sel_index)),
-        not_calibrated="Laplace-zero with random slopes", vb_engine=vb_engine,
+        calibrated=lambda model: dict(laplace_zero_calibrated_arrays(model, settings, M), sel_index=sel_index),
+        vb_engine=vb_engine,
         monitor=lambda post: SelectionFit(design=design, layout=layout, settings=settings, method=method,
                                           posterior=post, info=dict(info)).summary_diagnostics())
     posterior, run = dispatch.fit(model, settings, readout)
@@ -233,8 +232,8 @@ def laplace_zero_calibrated_arrays(model, settings, M):
     ep = fit_calibrated_selection(model, settings)
     out = _spike_slab_arrays(model, ep["mean"], ep["var"], ep["cov_dense"], ep["cov_ds"], ep["p_include"], M)
     keep = ("var_shape", "var_scale", "sigma2_mean", "sigma2_sd", "grid_eta", "grid_weights", "grid_log_density",
-            "grid_step", "grid_p_include", "log_evidence", "info")
-    out.update({k: ep[k] for k in keep}, elbo=np.array([ep["log_evidence"]]))
+            "grid_step", "grid_p_include", "log_evidence", "info", "cov_draws", "theta_cov_ss_blocks")
+    out.update({k: ep[k] for k in keep if k in ep}, elbo=np.array([ep["log_evidence"]]))
     return out
 
 
@@ -419,11 +418,9 @@ def fit_imputed(design, settings, prior=None):
         + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
         + (("incl",) if prior is not None else ()),
         from_draws=from_draws, from_vb=from_vb,
-        calibrated=(lambda model: _calibrated_imputation(model, settings, from_vb))
-        if cut and completions > 0 and not lin.covariance_components and not getattr(model.svm, "slopes", False)
+        calibrated=(lambda model: _calibrated_imputation(model, settings, from_vb)) if cut and completions > 0
         else None,
-        not_calibrated=("missing='impute' with " + ("the joint model" if not cut else "vb_completions=0" if
-                                                     completions < 1 else "random slopes")),
+        not_calibrated="missing='impute' with " + ("the joint model" if not cut else "vb_completions=0"),
         vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
         monitor=lambda post: fit_class(design=design, layout=layout, method=method, posterior=post,
                                        settings=settings, info=dict(info)).summary_diagnostics())

@@ -58,6 +58,16 @@ points with weights :math:`\propto \tilde p(\eta_g \mid y)` (a regular grid: the
 constant): theta is a Gaussian mixture, each variance a discrete distribution on the grid (drawn
 with a uniform jitter within its cell). Without inferred variances it is the single EP Gaussian.
 
+**Random slopes.** A term with q > 1 columns has the prior :math:`b_l \sim N_q(0, \Sigma)` on each
+level, :math:`\Sigma \sim IW(\nu, \Psi)`: EP runs with the block prior (a q x q precision block per
+level, ``blocks``), and :math:`\eta` gains the log-Cholesky coordinates :math:`v` of :math:`\Sigma`
+(:math:`\Sigma = LL^T`, :math:`L_{ii} = e^{v_i}`), whose prior is the IW density times the Jacobian
+(:func:`log_cholesky_prior`) and whose gradient at an EP fixed point is again that of the
+Gaussian with the sites held fixed (:meth:`_Evidence.gradient`). With three or more coordinates
+the grid costs hundreds of EP runs, and the integration uses the central composite design of
+R-INLA (:func:`ccd_rule`, 15-27 points) when the log density is close to Gaussian along its
+principal axes (otherwise the grid, see :func:`integrate_variances`).
+
 **Marginal corrections.** EP's Gaussian misses the skewness and heavy tails of coefficients set by
 a few rows (spam's ``address``: EP sd 0.52x Gibbs). :func:`corrected_marginals` applies the
 factorized correction (Cseke & Heskes 2011) to every reported fixed effect and

@@ -72,8 +72,9 @@ import numpy as np
 from scipy.special import expit, log_ndtr, logit
 
 from ..exceptions import ConvergenceWarning
-from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, expectation_propagation, integrate_variances, \
-    inverse_gamma_match, log_site_corrections
+from ..models.linear import spd_inverse
+from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, _sparse_block_moments, covariances_of, \
+    expectation_propagation, integrate_variances, inverse_gamma_match, log_site_corrections
 from .threads import limit_blas
 
 __all__ = ["SpikeSlabTilted", "spike_slab_tilted", "SpikeSlabSites", "SpikeSlabEvidence", "corrected_inclusion",
@@ -221,10 +222,12 @@ class SpikeSlabEvidence(_Evidence):
         correlated terms (spam: log Z_EP -2041.7 instead of -2026.5 at the same sigma_u)."""
         if sites is None and self.sites is None:
             prior = self.prior(eta)
-            tau = self.model.prior_precision(np.exp(-np.asarray(eta, dtype=float)))
+            eta = np.asarray(eta, dtype=float)
+            tau = self.model.prior_precision(np.exp(-eta[: len(self.sizes)]))
             tau[prior.index] = prior.start()[0]
+            blocks = self.model.prior_blocks([spd_inverse(S) for S in self.covariances_at(eta)])
             try:
-                ridge = expectation_propagation(self.model, tau, **self.options)
+                ridge = expectation_propagation(self.model, tau, blocks=blocks, **self.options)
                 sites = tuple(np.concatenate(pair) for pair in zip((ridge.site_prec, ridge.site_shift), prior.start()))
             except FloatingPointError:
                 sites = None
@@ -314,10 +317,12 @@ def fit_calibrated_selection(model, settings=None) -> dict:
     Parameters
     ----------
     model : vbsvm.models.selection.LaplaceZeroModel
-        Without random slopes (the variance grid covers variances, not covariance matrices).
+        With random slopes, the covariances' log-Cholesky coordinates join the integration (by
+        CCD, see :func:`vbsvm.inference.ep.integrate_variances`).
     settings : dict, optional
         Reads ``ep_dz``, ``ep_drop``, ``ep_damping``, ``ep_tol`` as
-        :func:`vbsvm.inference.ep.fit_calibrated`.
+        :func:`vbsvm.inference.ep.fit_calibrated`, and ``chains``, ``draws``, ``draw_seed`` (or
+        ``seed``) for the stored draws of the covariances.
 
     Returns
     -------
@@ -326,7 +331,9 @@ def fit_calibrated_selection(model, settings=None) -> dict:
         Gaussian (selectable coordinates) and the other coefficients' mixture moments;
         ``p_include`` (number of selectable terms,); ``var_shape``, ``var_scale``,
         ``sigma2_mean``, ``sigma2_sd``; the grid (``grid_eta``, ``grid_weights``,
-        ``grid_log_density``, ``grid_step``, ``grid_p_include``); ``log_evidence``; ``info``.
+        ``grid_log_density``, ``grid_step``, ``grid_p_include``); ``log_evidence``; ``info``; with
+        random slopes ``cov_draws`` (chains, draws, sum q^2) and ``theta_cov_ss_blocks`` (m, q, q)
+        of the eliminated term.
     """
     settings = settings or {}
     start = time.perf_counter()
@@ -378,7 +385,16 @@ def fit_calibrated_selection(model, settings=None) -> dict:
     var[: base.qd] = np.diag(cov_d)
     s2_mean, s2_sd = grid.sigma2_moments()
     shape, scale = inverse_gamma_match(s2_mean, s2_sd)
-    return {
+    extra = {}
+    if grid.cov_dims:
+        chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
+        rng = np.random.default_rng(settings.get("draw_seed", settings.get("seed")))
+        eta = grid.sample_eta(rng.choice(len(grid.weights), size=chains * draws, p=grid.weights), rng)
+        covs = covariances_of(eta[:, grid.n_log_variances:], grid.cov_dims)
+        extra["cov_draws"] = np.concatenate([S.reshape(chains, draws, -1) for S in covs], axis=-1)
+    if base.m_sparse and base.q_sparse > 1:
+        extra["theta_cov_ss_blocks"] = _sparse_block_moments(grid, base)
+    return {**extra,
         "mean": mean, "var": var, "cov_dense": cov_d, "cov_ds": cov_ds, "p_include": p_include,
         "var_shape": shape, "var_scale": scale, "sigma2_mean": s2_mean, "sigma2_sd": s2_sd,
         "grid_eta": grid.eta, "grid_weights": grid.weights, "grid_log_density": grid.log_density,

@@ -46,10 +46,12 @@ def pooled_vb_cut(model, settings, calibrated=False):
     attenuation): measured 0.9-1.0 Gibbs sd below the cut Gibbs sampler on the simulated test
     data, where the pooled mixture is within 0.1 sd.
 
-    With ``calibrated=True`` (the default ``method="vb"`` without random slopes) each completion
-    is fitted by :func:`vbsvm.inference.ep.fit_calibrated` instead, or with the Laplace-zero
-    prior by :func:`vbsvm.inference.ep_selection.fit_calibrated_selection`, and its
-    ``log_evidence`` takes the place of the ELBO.
+    With ``calibrated=True`` (the default ``method="vb"``) each completion is fitted by
+    :func:`vbsvm.inference.ep.fit_calibrated` instead, or with the Laplace-zero prior by
+    :func:`vbsvm.inference.ep_selection.fit_calibrated_selection`, and its ``log_evidence`` takes
+    the place of the ELBO; each random-effect covariance is then pooled as the inverse Wishart
+    with the mixture's mean and the diagonal's variance (within plus between completions,
+    :func:`_pooled_inverse_wishart`).
 
     Returns
     -------
@@ -66,7 +68,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
     iq = model.imputation_q
     seed = settings.get("draw_seed", settings.get("seed"))
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(3)[2])
-    means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_scales = [], [], [], [], [], [], [], []
+    means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_moments = [], [], [], [], [], [], [], []
     blocks, extra = [], {}
     slope_blocks = lin.m_sparse and lin.q_sparse > 1
     sweeps, converged, seconds = 0, True, 0.0
@@ -80,7 +82,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
         vars_.append(fitted["var"])
         ds.append(fitted["cov_ds"])
         if slope_blocks:
-            blocks.append(fitted["q"]["theta"].sparse_block_cov())
+            blocks.append(fitted["ss_blocks"])
         if selection:  # q(gamma) and, for the mean field, q(b) and chi
             for key in ("gamma", "mu_b", "chi"):
                 if key in fitted["q"]:
@@ -88,7 +90,8 @@ def pooled_vb_cut(model, settings, calibrated=False):
         if lin.variance_components:
             s_mean.append(fitted["sigma2_mean"])
             s_var.append(fitted["sigma2_var"])
-        cov_scales.append([qc.scale for qc in fitted["q"]["covariances"]])
+        cov_moments.append(fitted.get("cov_moments", []) if calibrated
+                           else [qc.scale for qc in fitted["q"]["covariances"]])
         elbos.append(fitted["elbo"])
         sweeps += fitted["sweeps"]
         converged &= fitted["converged"]
@@ -119,15 +122,46 @@ def pooled_vb_cut(model, settings, calibrated=False):
         pooled["variances"] = InverseGamma(a, m * (a - 1.0))
     else:
         pooled["variances"] = None
-    # every completion's q(Sigma_k) has df = df_k + m_k: the average scale gives the mixture's mean
-    pooled["covariances"] = [InverseWishart(np.mean(S, axis=0), c.df + len(c.index))
-                             for c, S in zip(lin.covariance_components, zip(*cov_scales))]
+    if calibrated:
+        pooled["covariances"] = [_pooled_inverse_wishart(moments) for moments in zip(*cov_moments)]
+    else:  # every completion's q(Sigma_k) has df = df_k + m_k: the average scale gives the mixture's mean
+        pooled["covariances"] = [InverseWishart(np.mean(S, axis=0), c.df + len(c.index))
+                                 for c, S in zip(lin.covariance_components, zip(*cov_moments))]
     cm, cc = iq["means"], iq["mean_covs"]
     pooled.update(cells_mean=iq["cells"], blocks=iq["blocks"], Sigma=iq["Sigma"], class_means=cm,
                   class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
     return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
                     n_sweeps=sweeps, seconds=seconds,
                     info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
+
+
+#: draws of each completion's covariance mixture from which its moments are pooled
+COVARIANCE_DRAWS = 2000
+
+
+def _pooled_inverse_wishart(moments):
+    r"""The inverse Wishart moment-matched to a mixture over completions of one covariance's
+    posteriors, each given by ``(mean, variances of the diagonal)``: the mixture's mean, and the
+    degrees of freedom of :math:`\mathrm{Var}(\Sigma_{ii}) = 2 E[\Sigma_{ii}]^2/(\nu - q - 3)` averaged over
+    the diagonal."""
+    means = np.array([m for m, _ in moments])
+    mean = means.mean(axis=0)
+    var = np.mean([v for _, v in moments], axis=0) + np.var(np.diagonal(means, axis1=1, axis2=2), axis=0)
+    q = mean.shape[0]
+    d = np.diag(mean)
+    df = q + 3.0 + float(np.mean(2.0 * d * d / np.maximum(var, 1e-300)))
+    return InverseWishart(mean * (df - q - 1.0), df)
+
+
+def _draw_moments(cov_draws, dims) -> list:
+    """``(mean, variances of the diagonal)`` of each covariance from draws (..., sum q^2)."""
+    C = cov_draws.reshape(-1, cov_draws.shape[-1])
+    out, at = [], 0
+    for q in dims:
+        S = C[:, at:at + q * q].reshape(-1, q, q)
+        out.append((S.mean(axis=0), np.diagonal(S, axis1=1, axis2=2).var(axis=0)))
+        at += q * q
+    return out
 
 
 def _meanfield_completion(svm, lin, settings) -> dict:
@@ -137,6 +171,8 @@ def _meanfield_completion(svm, lin, settings) -> dict:
     out = {"q": q, "mean": q["theta_mean"], "cov_dense": q["theta"].cov_dense(), "var": q["theta_var"],
            "cov_ds": q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0)),
            "elbo": res.elbo[-1], "sweeps": res.n_sweeps, "converged": res.converged, "seconds": res.seconds}
+    if lin.m_sparse and lin.q_sparse > 1:
+        out["ss_blocks"] = q["theta"].sparse_block_cov()
     if lin.variance_components:
         a, b = np.atleast_1d(q["variances"].a), np.atleast_1d(q["variances"].b)
         out["sigma2_mean"] = b / (a - 1.0)  # a = A + m/2 > 1 for every component with m >= 2
@@ -148,14 +184,19 @@ def _calibrated_completion(svm, lin, settings) -> dict:
     """The calibrated EP fit of one completed data set: :func:`~vbsvm.inference.ep.fit_calibrated`,
     or with the Laplace-zero prior :func:`~vbsvm.inference.ep_selection.fit_calibrated_selection`
     (its slab Gaussian in the place of q(theta), its inclusion probabilities in that of q(gamma))."""
+    draws = COVARIANCE_DRAWS if lin.covariance_components else 1  # only the covariances' moments use them
     if svm is lin:
-        ep = fit_calibrated(lin, dict(settings, chains=1, draws=1))
+        ep = fit_calibrated(lin, dict(settings, chains=1, draws=draws))
         out = {"mean": ep["theta_mean"], "cov_dense": ep["theta_cov_dense"], "var": ep["theta_var"],
-               "cov_ds": ep["theta_cov_ds"], "q": {"covariances": []}}
+               "cov_ds": ep["theta_cov_ds"], "q": {}}
     else:
-        ep = fit_calibrated_selection(svm, settings)
+        ep = fit_calibrated_selection(svm, dict(settings, chains=1, draws=draws))
         out = {"mean": ep["mean"], "cov_dense": ep["cov_dense"], "var": ep["var"], "cov_ds": ep["cov_ds"],
-               "q": {"gamma": ep["p_include"], "covariances": []}}
+               "q": {"gamma": ep["p_include"]}}
+    if lin.covariance_components:
+        out["cov_moments"] = _draw_moments(ep["cov_draws"], [c.index.shape[1] for c in lin.covariance_components])
+    if "theta_cov_ss_blocks" in ep:
+        out["ss_blocks"] = ep["theta_cov_ss_blocks"]
     info = ep["info"]
     return dict(out, sigma2_mean=ep["sigma2_mean"], sigma2_var=ep["sigma2_sd"] ** 2, elbo=ep["log_evidence"],
                 sweeps=info["n_sweeps"], converged=info["unconverged"] == 0, seconds=info["seconds_total"])
