@@ -8,7 +8,8 @@ from scipy import stats
 
 import vbsvm
 from vbsvm.inference import ep
-from vbsvm.models.linear import LinearSVMModel, spd_inverse, unpack_spd
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.spd import spd_inverse, unpack_spd
 from test_ep import dense_ep
 
 

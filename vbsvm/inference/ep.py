@@ -92,7 +92,7 @@ from scipy.special import gammaln, log_ndtr
 
 from ..distributions import InverseWishart
 from ..exceptions import ConvergenceWarning
-from ..models.linear import pack_spd, spd_inverse, unpack_spd
+from ..spd import pack_spd, spd_inverse, unpack_spd
 from .threads import limit_blas
 
 __all__ = ["tilted_moments", "tilted_log_normalizer", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
@@ -410,7 +410,7 @@ def log_prior_eta(eta, A, B):
 
 
 def log_cholesky_prior(iw, v) -> float:
-    r"""Log density of the log-Cholesky coordinates ``v`` (:func:`~vbsvm.models.linear.pack_spd`) of ``Sigma ~ iw``:
+    r"""Log density of the log-Cholesky coordinates ``v`` (:func:`~vbsvm.spd.pack_spd`) of ``Sigma ~ iw``:
     the IW density of :math:`\Sigma = LL^T` times the Jacobian
     :math:`|\partial\,\mathrm{vech}\Sigma / \partial\,\mathrm{vech} L| = 2^q \prod_i L_{ii}^{q-i+1}` and
     :math:`\partial L_{ii}/\partial v_i = L_{ii}`: :math:`\log J = q\log 2 + \sum_{i=1}^q (q - i + 2) v_i`.
@@ -474,7 +474,7 @@ class _Evidence:
     r"""``log p~(eta | y)`` and its gradient, EP warm-started from the last sites evaluated.
 
     ``eta`` holds ``log sigma2_k`` of every variance component, then the log-Cholesky coordinates
-    ``v`` of every covariance component (:func:`~vbsvm.models.linear.unpack_spd`:
+    ``v`` of every covariance component (:func:`~vbsvm.spd.unpack_spd`:
     :math:`\Sigma = LL^T`, :math:`L_{ii} = e^{v_i}`, the strict lower triangle as is). Their prior
     is the ``IW(nu, Psi)`` density times the Jacobian of :math:`v \mapsto \mathrm{vech}\,\Sigma`,
     :math:`\log J = q\log 2 + \sum_{i=1}^q (q - i + 2) v_i` (:func:`log_cholesky_prior`).

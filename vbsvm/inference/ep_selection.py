@@ -72,7 +72,7 @@ import numpy as np
 from scipy.special import expit, log_ndtr, logit
 
 from ..exceptions import ConvergenceWarning
-from ..models.linear import spd_inverse
+from ..spd import spd_inverse
 from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, _sparse_block_moments, covariances_of, \
     expectation_propagation, integrate_variances, inverse_gamma_match, log_site_corrections
 from .threads import limit_blas

@@ -56,6 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..distributions import InverseGamma, InverseWishart
+from ..spd import pack_spd, spd_inverse, unpack_spd
 from ..inference.independence import ProposalTuner, independence_steps
 from ..inference.slice import slice_sample, slice_sample_independent
 from . import hinge
@@ -194,12 +195,6 @@ def _batched_cholesky_inverse(D):
         return L, 1.0 / L
     L = np.linalg.cholesky(D)
     return L, np.linalg.solve(L, np.broadcast_to(np.eye(D.shape[1]), D.shape))
-
-
-def spd_inverse(S) -> np.ndarray:
-    """Inverse of a small SPD matrix through its Cholesky factor."""
-    Linv = np.linalg.solve(np.linalg.cholesky(S), np.eye(len(S)))
-    return Linv.T @ Linv
 
 
 class WorkingGram:
@@ -554,25 +549,6 @@ def _term_columns(codes, m, Z) -> np.ndarray:
     E = np.zeros((n, m * q))
     E[np.arange(n)[:, None], codes[:, None] * q + np.arange(q)] = Z
     return E
-
-
-def pack_spd(M) -> np.ndarray:
-    """An SPD matrix as an unconstrained vector: log-diagonal and lower triangle of its Cholesky
-    factor (every real vector is a valid matrix, so SQUAREM may extrapolate it)."""
-    L = np.linalg.cholesky(M)
-    return np.concatenate([np.log(np.diag(L)), L[np.tril_indices(len(M), -1)]])
-
-
-def unpack_spd(v, q) -> np.ndarray:
-    """Inverse of :func:`pack_spd`, vectorized over leading axes: ``v`` (..., q(q+1)/2) gives
-    matrices (..., q, q)."""
-    v = np.asarray(v, dtype=float)
-    L = np.zeros(v.shape[:-1] + (q, q))
-    i = np.arange(q)
-    L[..., i, i] = np.exp(v[..., :q])
-    rows, cols = np.tril_indices(q, -1)
-    L[..., rows, cols] = v[..., q:]
-    return L @ np.swapaxes(L, -1, -2)
 
 
 class LinearSVMModel:

@@ -164,7 +164,8 @@ from scipy.special import expit
 from ..distributions import Bernoulli, InverseGamma, InverseGaussian
 from ..exceptions import InputError, InputTypeError
 from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram, spd_inverse
+from ..spd import spd_inverse
+from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram
 
 __all__ = ["LaplaceZeroModel", "SelectionPosterior", "selection_setup", "selectable_columns"]
 
