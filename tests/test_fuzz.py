@@ -162,7 +162,7 @@ COMMON = dict(deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 
-@settings(max_examples=200, **COMMON)
+@settings(max_examples=120, **COMMON)
 @given(CASES)
 def test_fuzz_only_vbsvm_errors_escape(case):
     check(case)
