@@ -37,7 +37,7 @@ SEEDS = [pytest.param(3, 1, id="fast")] + [
 
 def _gibbs(formula, df, *, scale, seed, **kw):
     """Gibbs fit through the public API (draws scaled by ``scale``)."""
-    return gibbs_fit(formula, df, scale=scale, seed=seed, **{"tune": 400, "thin": 2, **kw})
+    return gibbs_fit(formula, df, scale=scale, seed=seed, **{"tune": 400, "thin": 1, **kw})
 
 
 def _compare(name, gibbs, indep, labels):

@@ -393,10 +393,10 @@ def test_rho_one_fixed_b_sampler_reproduces_ridge_posterior(small):
     sel_model = RidgeReduction(d.X, d.y, [], d.penalized, 1.0)
     from vbsvm.inference.gibbs import run_chains
 
-    a = run_chains(sel_model, draws=3000, tune=300, chains=2, seed=11, record=("u", "gamma", "sigma2"),
+    a = run_chains(sel_model, draws=1500, tune=300, chains=2, seed=11, record=("u", "gamma", "sigma2"),
                    progress=False)
     assert np.all(a.draws["gamma"] == 1)
-    fit = vbsvm.svm("y ~ .", small, method="gibbs", draws=3000, tune=300, chains=2, seed=12, progress=False)
+    fit = vbsvm.svm("y ~ .", small, method="gibbs", draws=1500, tune=300, chains=2, seed=12, progress=False)
     lin = fit.posterior["theta_draws"].reshape(-1, d.p)
     M = d.to_original()
     sel = a.draws["u"].reshape(-1, d.p) @ M.T
@@ -444,7 +444,7 @@ def test_inclusion_probability_matches_quadrature():
     mean_exact = rho * np.trapezoid(np.trapezoid(L * pu[None, :] * u[None, :], u, axis=1), b0) / (rho * Z1 + (1 - rho) * Z0)
     assert 0.2 < p_exact < 0.8
     fit = vbsvm.svm("y ~ x", df, prior=LaplaceZero(rho=rho), method="gibbs", standardize=False, A_u=A, B_u=B,
-                    draws=8000, tune=500, chains=2, seed=3, progress=False)
+                    draws=3000, tune=500, chains=2, seed=3, progress=False)
     from arviz_stats import ess
 
     g = fit.posterior["gamma_draws"][..., 0].astype(float)

@@ -43,8 +43,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         data sets (``benchmarks/results/calibrated_vb.md``); with ``LaplaceZero`` the prior's
         spike-and-slab factors are EP sites too (:mod:`vbsvm.inference.ep_selection`); with
         ``missing="impute"`` the EP fits of completions drawn from the imputation q are pooled
-        (:func:`vbsvm.inference.pooled.pooled_vb_cut`); models it does not cover yet (random
-        slopes, ``imputation="joint"``) fall back to the mean field, and
+        (:func:`vbsvm.inference.pooled.pooled_vb_cut`); the paper's joint imputation model
+        (``imputation="joint"``), which it does not cover, falls back to the mean field, and
         ``fit.info["approximation"]`` says which was used. ``"meanfield"``: the paper's
         mean-field VB (Luts & Ormerod Algorithms 1-4) exactly; its sds are about half the exact
         ones. ``"gibbs"``: Gibbs sampling (Appendices A-C), the exact reference. ``"map"``: the

@@ -698,9 +698,16 @@ class GIG:
             out[mhalf] = np.where(acc, 4.0 * b(self.chi)[mhalf] / a2,
                                   a2 / (4.0 * wi) * (sx[mhalf] / sp[mhalf]))
         if gen.any():
-            out[gen] = scipy.stats.geninvgauss.rvs(
-                p=b(self.gamma)[gen], b=w[gen], scale=sx[gen] / sp[gen],
-                size=int(gen.sum()), random_state=rng)
+            # scipy's rejection sampler runs once per element when its parameters are arrays:
+            # draw every distinct parameter set in one call (20000 draws of one GIG: 10 s -> 10 ms)
+            params = np.stack([b(self.gamma)[gen], w[gen], sx[gen] / sp[gen]], axis=1)
+            distinct, which = np.unique(params, axis=0, return_inverse=True)
+            draws = np.empty(params.shape[0])
+            for j, (p, omega, scale) in enumerate(distinct):
+                at = which.ravel() == j
+                draws[at] = scipy.stats.geninvgauss.rvs(p=p, b=omega, scale=scale, size=int(at.sum()),
+                                                        random_state=rng)
+            out[gen] = draws
         return out
 
 

@@ -207,7 +207,8 @@ class ImputationApproximation(ImputationDraws):
         return 0.5 * (m[1] - m[0] + rng.standard_normal((*shape, m.shape[1])) @ np.linalg.cholesky(C[0] + C[1]).T)
 
     def pooling_text(self, info) -> str:
-        return (f"VB pools the mean-field fits of {info.get('vb_completions', 20)} completions drawn from "
+        kind = "calibrated (EP)" if str(info.get("approximation", "")).startswith("calibrated") else "mean-field"
+        return (f"VB pools the {kind} fits of {info.get('vb_completions', 20)} completions drawn from "
                 "q(x_missing) (Rubin's rules).")
 
     def arviz_attrs(self) -> dict:

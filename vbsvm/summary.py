@@ -54,6 +54,13 @@ def penalty_description(settings) -> str:
     return f"fixed: alpha = {pen:g} (sigma2_u = {1 / (4 * pen):g})"
 
 
+def is_calibrated(fit) -> bool:
+    """Whether ``fit`` holds the calibrated approximation (EP integrated over the variances), not
+    the mean field: what was run (``fit.info``), not what was asked for (``fit.settings``), since
+    the models the calibration does not cover fall back to the mean field."""
+    return fit.method == "vb" and str(fit.info.get("approximation", "")).startswith("calibrated")
+
+
 def _header(fit) -> dict:
     d = fit.design
     s = fit.settings
@@ -70,19 +77,22 @@ def _header(fit) -> dict:
     label, text = fit.prior_description()
     head[label] = text
     head["Standardized:"] = "yes (results on original scale)" if s.get("standardize", True) else "no"
-    if fit.method == "vb" and "log_evidence" in fit.posterior:
-        head["Approximation:"] = "EP over a variance grid"
-        head["Log evidence (EP):"] = format_number(float(fit.posterior["log_evidence"]))
-        head["Grid points:"] = fit.info.get("grid_points", "?")
-    elif fit.method == "vb":
-        elbo = fit.posterior["elbo"]
-        head["Approximation:"] = "mean field"
+    if fit.method == "vb":
+        calibrated = is_calibrated(fit)
         completions = fit.info.get("vb_completions")
-        if completions:  # imputation: mean-field fits pooled over completions of the data
-            head["ELBO (mean over completions):"] = format_number(float(elbo[-1]))
-            head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
+        rule = {"ccd": "EP over a CCD of the variances", "grid": "EP over a variance grid"}
+        head["Approximation:"] = (rule.get(fit.info.get("strategy"), "EP over the variances") if calibrated
+                                  else "mean field")
+        if "log_evidence" in fit.posterior:
+            head["Log evidence (EP):"] = format_number(float(fit.posterior["log_evidence"]))
+            head["Grid points:"] = fit.info.get("grid_points", "?")
+        elif completions:  # imputation: fits pooled over completions of the data
+            label = "Log evidence (EP, mean):" if calibrated else "ELBO (mean over completions):"
+            head[label] = format_number(float(fit.posterior["elbo"][-1]))
+            head["Converged:"] = "yes" if fit.info.get("completions_converged", fit.info.get("converged")) else "NO"
             head["Completions (sweeps in all):"] = f"{completions} ({fit.info.get('n_sweeps', '?')})"
         else:
+            elbo = fit.posterior["elbo"]
             head["ELBO:"] = format_number(float(elbo[-1]))
             head["Converged:"] = "yes" if fit.info.get("converged") else "NO"
             head["Iterations (sweeps):"] = f"{len(elbo) - 1} ({fit.info.get('n_sweeps', '?')})"
@@ -205,7 +215,7 @@ def build_summary(fit, level: float) -> Summary:
     if undefined:
         notes.append(f"{UNDEFINED}: the moment does not exist for that variance's inverse-gamma posterior "
                      "(mean: shape <= 1, sd: shape <= 2); read its interval instead.")
-    if fit.method == "vb" and "log_evidence" in fit.posterior:
+    if fit.method == "vb" and is_calibrated(fit):
         notes.append("Calibrated approximation: expectation propagation integrated over a grid of the "
                      "variances (intervals from the mixture's moments); compare with method='gibbs'.")
     elif fit.method == "vb":

@@ -71,7 +71,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
     means, dcovs, vars_, ds, s_mean, s_var, elbos, cov_moments = [], [], [], [], [], [], [], []
     blocks, extra = [], {}
     slope_blocks = lin.m_sparse and lin.q_sparse > 1
-    sweeps, converged, seconds = 0, True, 0.0
+    sweeps, converged, seconds, strategies = 0, True, 0.0, set()
     for _ in range(K):
         model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
         if selection:
@@ -96,6 +96,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
         sweeps += fitted["sweeps"]
         converged &= fitted["converged"]
         seconds += fitted["seconds"]
+        strategies.add(fitted.get("strategy"))
     model.set_cells(iq["cells"])
     means = np.array(means)
     mean = means.mean(axis=0)
@@ -132,7 +133,9 @@ def pooled_vb_cut(model, settings, calibrated=False):
                   class_mean_covs=cc, mu_mean=cm.mean(axis=0), mu_cov=cc.sum(axis=0) / 4.0)
     return VBResult(q=pooled, state=np.zeros(0), elbo=np.array([np.mean(elbos)]), converged=bool(converged),
                     n_sweeps=sweeps, seconds=seconds,
-                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos]})
+                    info={"vb_completions": K, "completion_elbos": [float(e) for e in elbos],
+                          # the integration rule of the calibrated fits, when they all used the same
+                          **({"strategy": strategies.pop()} if calibrated and len(strategies) == 1 else {})})
 
 
 #: draws of each completion's covariance mixture from which its moments are pooled
@@ -199,7 +202,8 @@ def _calibrated_completion(svm, lin, settings) -> dict:
         out["ss_blocks"] = ep["theta_cov_ss_blocks"]
     info = ep["info"]
     return dict(out, sigma2_mean=ep["sigma2_mean"], sigma2_var=ep["sigma2_sd"] ** 2, elbo=ep["log_evidence"],
-                sweeps=info["n_sweeps"], converged=info["unconverged"] == 0, seconds=info["seconds_total"])
+                sweeps=info["n_sweeps"], converged=info["unconverged"] == 0, seconds=info["seconds_total"],
+                strategy=info.get("strategy"))
 
 
 class PooledGaussian:

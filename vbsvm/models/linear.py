@@ -868,6 +868,8 @@ class LinearSVMModel:
 
     def variance_log_prior(self, sigma2) -> float:
         """Log density of the ``IG(A, B)`` prior of a variance, summed over ``sigma2``."""
+        if isinstance(sigma2, float):  # the slice sampler's scalar calls: no array round trip
+            return -(self.A + 1.0) * math.log(sigma2) - self.B / sigma2
         s = np.asarray(sigma2)
         return float(np.sum(-(self.A + 1.0) * np.log(s) - self.B / s))
 
