@@ -8,7 +8,7 @@ import pytest
 from scipy import integrate, stats
 
 from vbsvm.gpfit import GPFit, fit_batch, fit_gp, gibbs_sparse, gpsvm
-from vbsvm.inference.svi import ArrayBatches, StreamBatches, fit_svi
+from vbsvm.inference.svi import ArrayBatches, fit_svi
 from vbsvm.models.gp import (RBF, Constant, InducingGP, Linear, Matern32, Matern52, Sum,
                              WhitenedGaussian, make_kernel, predictive_prob, select_inducing)
 

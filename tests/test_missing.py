@@ -627,8 +627,16 @@ def test_summary_reports_missing_data(fits, logdata, method):
         assert "Cut model (imputation='conditional')" in text and "not normalized" not in text
         assert "d | y ~ N(mu + y gamma, Sigma)" in text
     if method == "vb":  # pooled over completions: the header counts them, not ELBO iterations
-        assert f"Completions (sweeps in all): {fits[method].info['vb_completions']} (" in " ".join(text.split())
+        flat = " ".join(text.split())
+        assert f"Completions (sweeps in all): {fits[method].info['vb_completions']} (" in flat
         assert "Iterations (sweeps)" not in text
+        # the calibrated pool names itself as such: EP fits, no mean-field caveat, no ELBO
+        assert "Approximation: EP over a variance grid" in flat and "Log evidence (EP, mean):" in flat
+        assert "pools the calibrated (EP) fits" in flat and "Mean-field VB sds" not in flat
+    if method == "vb_joint":  # the joint model falls back to the mean field, and says so
+        flat = " ".join(text.split())
+        assert "Approximation: mean field" in flat and "ELBO (mean over completions):" not in flat
+        assert "Mean-field VB sds" in flat
     assert fits[method].summary().as_html()
 
 
@@ -783,7 +791,7 @@ def test_cut_svm_vb_fixed_point_matches_transcription(case, small, grouped):
     q = res.q
     lin = model.linear
     iq = model.imputation_q
-    n, qd = model.n, lin.qd
+    n = model.n
     Ct = lin.Cd.copy()
     if lin.m_sparse:  # the eliminated random-effect columns, level-major
         qs = lin.q_sparse

@@ -20,7 +20,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import pytest
 from scipy import stats
 from scipy.integrate import cumulative_trapezoid
 

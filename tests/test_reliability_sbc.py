@@ -35,7 +35,6 @@ import contextlib
 
 import numpy as np
 import pytest
-from scipy import stats
 
 import vbsvm.models.hinge as hinge
 from vbsvm.distributions import InverseGamma

@@ -73,7 +73,7 @@ from scipy.special import expit, log_ndtr, logit
 
 from ..exceptions import ConvergenceWarning
 from ..spd import spd_inverse
-from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, _sparse_block_moments, covariances_of, \
+from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, _sparse_block_moments, \
     expectation_propagation, integrate_variances, inverse_gamma_match, log_site_corrections
 from .threads import limit_blas
 
@@ -390,8 +390,7 @@ def fit_calibrated_selection(model, settings=None) -> dict:
         chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
         rng = np.random.default_rng(settings.get("draw_seed", settings.get("seed")))
         eta = grid.sample_eta(rng.choice(len(grid.weights), size=chains * draws, p=grid.weights), rng)
-        covs = covariances_of(eta[:, grid.n_log_variances:], grid.cov_dims)
-        extra["cov_draws"] = np.concatenate([S.reshape(chains, draws, -1) for S in covs], axis=-1)
+        extra["cov_draws"] = grid.flat_covariances(eta).reshape(chains, draws, -1)
     if base.m_sparse and base.q_sparse > 1:
         extra["theta_cov_ss_blocks"] = _sparse_block_moments(grid, base)
     return {**extra,

@@ -1016,9 +1016,11 @@ class LinearSVMModel:
         f_rest = f - X @ theta[:p]
         cand = proposal.sample(self.imh_steps, rng)
         F = f_rest[:, None] + X @ cand[:p]
-        k, accepted = independence_steps(self._imh_log_target(current[:, None], f[:, None])[0],
-                                         self._imh_log_target(cand, F),
-                                         proposal.log_density(current), proposal.log_density(cand), rng)
+        # the current state in column 0 and the proposals after it: one evaluation of each density
+        both = np.column_stack([current, cand])
+        target = self._imh_log_target(both, np.column_stack([f, F]))
+        log_q = proposal.log_density(both)
+        k, accepted = independence_steps(target[0], target[1:], log_q[0], log_q[1:], rng)
         if k < 0:
             return theta, f, sigma2, accepted
         theta, sigma2 = theta.copy(), sigma2.copy()
