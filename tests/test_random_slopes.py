@@ -26,7 +26,7 @@ import vbsvm
 from vbsvm.design import build_design
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
-from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel, WorkingGram
 
 from oracle import vb_iteration_random_effects
 from test_reliability_helpers import ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
@@ -122,6 +122,35 @@ def _inverse_wishart_draws(scale, df, rng):
     return np.linalg.inv(LA @ LA.swapaxes(-1, -2))
 
 
+@pytest.mark.skipif(np.finfo(np.longdouble).eps > 1e-18, reason="the reference needs extended precision")
+def test_schur_complement_stays_accurate_with_a_huge_augmentation_weight():
+    """One row with w = 4e7 (a Gibbs draw next to the margin) in a level whose covariance has a
+    weak direction: cond(D_l) ~ 1e7. The Schur complement of the eliminated levels against one
+    computed in extended precision (2 x 2 inverses in closed form): with half solves
+    (``L_l^{-1} G_l``) it is within 1e-3 (here 2e-5); with the explicit ``D_l^{-1}`` it was 0.06 off,
+    its smallest eigenvalue 0.72."""
+    df = slope_frame(40, 3, seed=1)
+    model = LinearSVMModel.from_design(build_design("y ~ x + z + (1 + x | g)", df), dict(SETTINGS, penalty=None))
+    w = np.ones(model.n)
+    w[0] = 4e7
+    r = model.y * (1 + w)
+    Lam = np.linalg.inv(np.array([[50.0, 20.0], [20.0, 9.0]]))
+    tau = model.prior_precision(np.zeros(0))
+    post = CoefficientPosterior(model, w, tau, r, blocks=model.prior_blocks([Lam]))
+    g = WorkingGram(model, w, r)
+    A = g.A.astype(np.longdouble)
+    A[np.diag_indices(model.qd)] += tau[: model.qd]
+    D = (g.D + Lam).astype(np.longdouble)
+    det = D[:, 0, 0] * D[:, 1, 1] - D[:, 0, 1] * D[:, 1, 0]
+    adjugate = np.stack([np.stack([D[:, 1, 1], -D[:, 0, 1]], -1), np.stack([-D[:, 1, 0], D[:, 0, 0]], -1)], 1)
+    Dinv = adjugate / det[:, None, None]
+    G = g.G.astype(np.longdouble)
+    S_ref = (A - np.einsum("lkd,lkj,lje->de", G, Dinv, G)).astype(float)
+    assert max(np.linalg.cond(d) for d in g.D + Lam) > 1e6
+    np.testing.assert_allclose(post.L @ post.L.T, S_ref, atol=1e-3)
+    assert np.linalg.eigvalsh(S_ref).min() > 0.5
+
+
 @pytest.mark.usefixtures("one_blas_thread")
 @pytest.mark.parametrize("seed,scale", [pytest.param(5, 1, id="fast"),
                                         pytest.param(51, 3, id="slow", marks=pytest.mark.slow)])
@@ -164,6 +193,17 @@ def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale):
             bad.append((lab, round(z, 2), p))
     assert min(ess(gib[..., j]) for j in range(len(labels))) > 100
     assert not bad, bad
+
+
+def test_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
+    """Power: the marginal move of the levels with a covariance 4x too small is rejected."""
+    from vbsvm.models import linear
+
+    original = linear.LinearSVMModel._redraw_slope_levels
+    monkeypatch.setattr(linear.LinearSVMModel, "_redraw_slope_levels",
+                        lambda self, theta, f, covs, rng: original(self, theta, f, [S / 4 for S in covs], rng))
+    with pytest.raises(AssertionError):
+        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1)
 
 
 def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):

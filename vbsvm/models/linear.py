@@ -259,9 +259,15 @@ class CoefficientPosterior:
             else:
                 D += sparse_prior
             self.LD, self.LDinv = _batched_cholesky_inverse(D)
-            Dinv = np.swapaxes(self.LDinv, 1, 2) @ self.LDinv
-            GD = Dinv @ g.G  # D_l^{-1} G_l, (m, qs, qd)
-            S = A - g.G.reshape(m * qs, qd).T @ GD.reshape(m * qs, qd)
+            LDinvT = np.swapaxes(self.LDinv, 1, 2)
+            Dinv = LDinvT @ self.LDinv
+            # S = A - sum_l Y_l' Y_l with Y_l = L_l^{-1} G_l (half solves), not G_l' (D_l^{-1} G_l):
+            # the explicit D_l^{-1} loses cond(D_l) digits, L_l^{-1} only its square root, and a row
+            # with a huge augmentation weight (w = 4e7, cond(D_l) = 1e10 on toenail with random
+            # slopes) made the latter S indefinite
+            Y = (self.LDinv @ g.G).reshape(m * qs, qd)
+            S = A - Y.T @ Y
+            GD = LDinvT @ Y.reshape(m, qs, qd)  # D_l^{-1} G_l, (m, qs, qd)
             self.Dinv_br = (Dinv @ g.br[:, :, None])[:, :, 0]
             h = bd - GD.reshape(m * qs, qd).T @ g.br.ravel()
         else:
@@ -653,6 +659,10 @@ class LinearSVMModel:
         self._shiftable = [] if self.intercept is None else [
             (k, c.index) for k, c in enumerate(self.variance_components)
             if c.name.startswith("sigma2_") and c.name[7:] in {t[2] for t in terms if np.all(t[3] == 1.0)}]
+        #: (covariance component, level of each row, the term's columns) of every term with q > 1
+        #: columns, for the Gibbs move of their levels (:meth:`_redraw_slope_levels`)
+        self._slope_terms = [(c, codes, np.asarray(Z, dtype=float)) for c in self.covariance_components
+                             for codes, m, name, Z in terms if c.name == f"Sigma_{name}"]
         self._diagonal_prior = np.ones(self.q, dtype=bool)
         for c in self.covariance_components:
             self._diagonal_prior[c.index.ravel()] = False
@@ -926,6 +936,35 @@ class LinearSVMModel:
             f = f + (u - u0)[codes]
         return theta, f
 
+    def _redraw_slope_levels(self, theta, f, covariances, rng):
+        """Marginal (w integrated out) update of the levels of every random-effect term with q > 1
+        columns: given the rest, level l's coefficients have density ``N(b_l; 0, Sigma) prod_{i in l}
+        exp(-2 (1 - y_i f_i)_+)``, independent across levels. In the whitened coordinates
+        ``a_l = L^{-1} b_l`` (``Sigma = L L'``, so ``a_l ~ N(0, I)`` a priori) each coordinate is
+        slice-sampled for all levels at once, one coordinate after the other: moving ``a_lj`` by
+        ``d`` moves the scores of level l's rows by ``d z_i' L e_j``, so an evaluation is one O(n)
+        pass. Like :meth:`_redraw_levels` it must be followed by a fresh ``w | theta``: with slopes
+        the augmented step alone mixes slowly (toenail ``(1 + time | patient_id)``: max R-hat
+        1.14-1.22, min bulk ESS 14-21 in 4 x 5000 draws), because w pins each level's scores."""
+        theta = theta.copy()
+        for (c, codes, Z), Sigma in zip(self._slope_terms, covariances):
+            m = c.index.shape[0]
+            L = np.linalg.cholesky(Sigma)
+            a = np.linalg.solve(L, theta[c.index].T).T  # (m, q)
+            for j in range(L.shape[0]):
+                zl = Z @ L[:, j]
+                yz, rest, a0 = self.y * zl, 1.0 - self.y * f, a[:, j].copy()
+
+                def logp(u):
+                    hinge_l = np.bincount(codes, np.maximum(0.0, rest - yz * (u - a0)[codes]), minlength=m)
+                    return -0.5 * u * u - 2.0 * hinge_l
+
+                u = slice_sample_independent(logp, a0, rng, width=2.0)
+                f = f + (u - a0)[codes] * zl
+                a[:, j] = u
+            theta[c.index] = a @ L.T
+        return theta, f
+
     def _redraw_fixed_effects(self, theta, f, sigma2, rng, directions=None):
         """Marginal (w integrated out) slice moves of the fixed effects along fixed directions:
         along direction ``v`` the step ``t`` (``beta + t v``) has density
@@ -1042,26 +1081,30 @@ class LinearSVMModel:
         outside = (eta < LOG_VARIANCE_RANGE[0]) | (eta > LOG_VARIANCE_RANGE[1])
         return np.where(outside.any(axis=0), -np.inf, value)
 
-    def marginal_moves(self, theta, f, sigma2, rng, directions=None, slice_moves=True):
+    def marginal_moves(self, theta, f, sigma2, rng, directions=None, slice_moves=True, covariances=()):
         """The moves of a sweep on the marginal pseudo-posterior (augmentation weights integrated
-        out): each variance non-centred, the intercept-versus-levels shift, the levels and (unless
-        ``slice_moves`` is False) the fixed effects along ``directions``
-        (:meth:`_redraw_fixed_effects`). Returns ``(theta, f, sigma2)``; w must be drawn afresh
-        after them."""
+        out): each variance non-centred, the intercept-versus-levels shift, the levels of the
+        random intercepts and, given their ``covariances``, of the terms with slopes
+        (:meth:`_redraw_slope_levels`), and (unless ``slice_moves`` is False) the fixed effects
+        along ``directions`` (:meth:`_redraw_fixed_effects`). Returns ``(theta, f, sigma2)``; w
+        must be drawn afresh after them."""
         for _ in range(self.level_rounds if self._shiftable else 1):
             for k in range(sigma2.size):
                 theta, f, sigma2 = self._rescale_variance(k, theta, f, sigma2, rng)
             if self._shiftable:
                 theta = self._shift_location(theta, sigma2, rng)
                 theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
+        if covariances:
+            theta, f = self._redraw_slope_levels(theta, f, covariances, rng)
         if slice_moves:
             theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng, directions)
         return theta, f, sigma2
 
     def gibbs_sweep(self, state, rng):
         """One scan: theta | w, prior; each variance | theta (centred, conjugate IG) and again with
-        its coefficients standardized (non-centred, :meth:`_rescale_variance`); 1/a | theta; each
-        covariance | theta.
+        its coefficients standardized (non-centred, :meth:`_rescale_variance`); the levels of the
+        random intercepts and of the terms with slopes with w integrated out
+        (:meth:`marginal_moves`); 1/a | theta; each covariance | theta.
 
         The two variance updates interweave the centred and the non-centred parameterization
         (ASIS, Yu & Meng 2011): the centred step mixes when the data pin the coefficients down,
@@ -1095,7 +1138,8 @@ class LinearSVMModel:
             sigma2 = np.zeros(0)
         theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng,
                                                directions=tuner.get("imh_directions"),
-                                               slice_moves=phase != ProposalTuner.KEPT)
+                                               slice_moves=phase != ProposalTuner.KEPT,
+                                               covariances=[spd_inverse(Lam) for Lam in state.get("Lam", ())])
         proposal = ProposalTuner.proposal(tuner, self.imh_df)
         if proposal is not None:
             theta, f, sigma2, accepted = self._independence_move(proposal, theta, f, sigma2, rng)
