@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import datetime
 import json
 import os
@@ -156,6 +157,9 @@ DEFAULT_PROBLEMS = [
     _sim(100_000, 20),
     Problem("toenail_laplace_zero", TOENAIL, lambda: vbsvm.datasets.load("toenail"),
             prior=lambda: vbsvm.LaplaceZero(rho=0.1)),
+    # not in the list: random slopes, the sampler's hardest linear model
+    Problem("toenail_slopes", "y ~ time * terbinafine + (1 + time | patient_id)", lambda: vbsvm.datasets.load("toenail"),
+            penalty=None),
 ]
 
 QUICK_NUTS = ("heart", "toenail")
@@ -184,11 +188,9 @@ def flatten(ds: xr.Dataset, values: xr.Dataset | None = None) -> pd.Series:
     names, flat = [], []
     for var in ds.data_vars:
         extra = [d for d in ds[var].dims if d not in ("chain", "draw")]
-        if extra:
-            names.extend(f"{var}[{c}]" for c in ds[var][extra[0]].values)
-        else:
-            names.append(var)
-        flat.extend(np.atleast_1d(values[var].values).tolist())
+        labels = [ds[var][d].values for d in extra]  # e.g. levels x coefficients of a slope term
+        names.extend(f"{var}[{','.join(map(str, k))}]" if extra else var for k in itertools.product(*labels))
+        flat.extend(np.ravel(values[var].transpose(*extra).values).tolist())
     return pd.Series(flat, index=pd.Index(names, name="parameter"), dtype=float)
 
 
