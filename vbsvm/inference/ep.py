@@ -830,8 +830,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         no fixed-effect mean or sd by more than 1e-4 sd, the variances' means by at most 1.2% and
         their sds by 4-13% (the penalty's long right tail; step 0.75, the default until stop 25:
         1.2% and 10%), with 78 and 103 points instead of 131 and 166. With three or more
-        coordinates (a 2 x 2 covariance) the default is 1.5: on toenail with ``(1 + time | patient_id)`` it changed no
-        fixed-effect mean or sd by more than 0.002 sd against 1.0, with 165 points instead of 435.
+        coordinates (a 2 x 2 covariance) the default is 1.5: on toenail with
+        ``(1 + time | patient_id)`` it changed no fixed-effect mean or sd by more than 0.002 sd
+        against 1.0, with 165 points instead of 435.
     drop : float
         Grid points are kept while ``log p~`` is within ``drop`` of its value at the mode.
     max_points : int
