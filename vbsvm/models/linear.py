@@ -1139,7 +1139,8 @@ class LinearSVMModel:
         theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng,
                                                directions=tuner.get("imh_directions"),
                                                slice_moves=phase != ProposalTuner.KEPT,
-                                               covariances=[spd_inverse(Lam) for Lam in state.get("Lam", ())])
+                                               covariances=[spd_inverse(Lam) for Lam in state["Lam"]]
+                                               if self._slope_terms else ())
         proposal = ProposalTuner.proposal(tuner, self.imh_df)
         if proposal is not None:
             theta, f, sigma2, accepted = self._independence_move(proposal, theta, f, sigma2, rng)
