@@ -302,7 +302,7 @@ def _imputation_sbc(n_rep, L, thin, seed, wrong=False):
 
     def init(truth, data):
         return {"cells": truth["cells"].copy(), "w": data["w"], "tau": 1.0 / truth["sigma2"],
-                "mu": truth["mu"].copy(), "Lam": np.linalg.inv(truth["Sigma"])}
+                "mu": truth["mu"].copy(), "Lam": [], "Lam_imp": np.linalg.inv(truth["Sigma"])}
 
     def summarize(s, model):
         out = {f"theta[{j}]": s["theta"][j] for j in range(3)}

@@ -617,7 +617,8 @@ class ImputedSVMModel:
         cells = (self.obs_mean[self.cell_cols]
                  + np.sqrt(self.obs_var[self.cell_cols]) * rng.standard_normal(self.n_cells))
         return {"cells": cells, "w": np.ones(self.n), "tau": np.ones(len(self.linear.variance_components)),
-                "mu": self.obs_mean.copy(), "Lam": np.diag(1.0 / self.obs_var)}
+                "Lam": [np.eye(c.index.shape[1]) for c in self.linear.covariance_components],
+                "mu": self.obs_mean.copy(), "Lam_imp": np.diag(1.0 / self.obs_var)}
 
     def gibbs_sweep(self, state, rng):
         """theta | rest; 1/a | rest; variances | theta; D_mis | rest; mu | rest; Sigma | rest."""
@@ -625,7 +626,7 @@ class ImputedSVMModel:
         self.set_cells(state["cells"])
         scan = lin.gibbs_sweep(state, rng)  # theta | rest, 1/a | rest, variances | theta
         theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
-        Lam, mu = state["Lam"], state["mu"]
+        Lam, mu = state["Lam_imp"], state["mu"]
         cells = self.sample_missing(theta, f, w, mu, Lam, state["cells"], rng)
         self.set_cells(cells)
         D = self.current_D()
@@ -634,7 +635,7 @@ class ImputedSVMModel:
         Sigma = self.Sigma_conditional(resid.T @ resid).sample(rng)
         Lam = _chol_inv(Sigma)
         f = lin.predictor(theta)
-        return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "mu": mu, "Lam": Lam,
+        return {"cells": cells, "w": w, "tau": 1.0 / sigma2, "mu": mu, "Lam_imp": Lam, "Lam": scan["Lam"],
                 "theta": theta, "sigma2": sigma2, "x_missing": cells, "Sigma": Sigma,
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
 
@@ -852,8 +853,6 @@ class CutImputedSVMModel(ImputedSVMModel):
         the observed means."""
         state = super().gibbs_initial_state(rng)
         state["means"] = np.tile(self.obs_mean, (2, 1))
-        state["Lam_imp"] = state.pop("Lam")
-        state["Lam"] = [np.eye(c.index.shape[1]) for c in self.linear.covariance_components]
         state.pop("mu")
         if self.svm is not self.linear:
             state["svm"] = self.svm.gibbs_initial_state(rng)
