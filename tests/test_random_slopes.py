@@ -222,6 +222,78 @@ def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):
     monkeypatch.setattr(linear.LinearSVMModel, "covariance_posteriors", original)
 
 
+@pytest.mark.usefixtures("one_blas_thread")
+@pytest.mark.parametrize("seed,scale", [pytest.param(7, 1, id="fast"),
+                                        pytest.param(71, 3, id="slow", marks=pytest.mark.slow)])
+def test_laplace_zero_gibbs_with_slopes_against_rwm(seed, scale):
+    """``y ~ x + (1 + x | g)`` with ``LaplaceZero(rho)`` on ``x``, 6 groups x 8 rows, against a
+    random-walk Metropolis on the marginal pseudo-posterior with the indicator summed out and the
+    covariance integrated out: ``log p(b0, v, log s, b) = log[rho L(v) + (1 - rho) L(0)]
+    + log Laplace(v; s) + log IG(s^2; A, B) + log 2 s^2 - (nu + 6)/2 log|Psi + S_b|``, ``L(u)`` the
+    hinge pseudo-likelihood with ``x``'s effect ``u``. Each kept RWM draw gets its indicator from
+    the exact conditional and a covariance from its IW conditional. Exercises the Laplace-zero
+    sweep's moves of the slope levels (:meth:`LaplaceZeroModel.random_effect_moves`)."""
+    df = slope_frame(6, 8, seed=seed, sd=(0.8, 0.6), beta=(0.3, 0.5, 0.0))
+    nu, Psi, rho, A, B = 4.0, np.array([[1.0, 0.2], [0.2, 0.5]]), 0.4, 2.0, 1.0
+    fit = gibbs_fit("y ~ x + (1 + x | g)", df, scale=scale, seed=seed, tune=500, thin=1,
+                    prior=vbsvm.LaplaceZero(rho=rho), A_u=A, B_u=B, re_df=nu, re_scale=Psi)
+    th = fit.posterior["theta_draws"]  # effective coefficients: x's is gamma * v
+    S = fit.posterior["cov_draws"].reshape(th.shape[:2] + (2, 2))
+    gib = np.concatenate([th, fit.posterior["gamma_draws"].astype(float), S[..., [0, 1, 1], [0, 0, 1]]], -1)
+    g = np.repeat(np.arange(6), 8)
+    x = df["x"].to_numpy()
+    X = np.c_[np.ones(len(df)), x]
+    y = np.where(df["y"].to_numpy() == 1, 1.0, -1.0)
+
+    def loglik(t, gamma):
+        b = t[:, 3:].reshape(-1, 6, 2)
+        f = t[:, 0] + x[:, None] * (gamma * t[:, 1]) + np.einsum("ij,kij->ik", X, b[:, g, :])
+        return -2 * np.maximum(0, 1 - y[:, None] * f).sum(0)
+
+    def log_odds(t):  # log P(gamma = 1 | rest) - log P(gamma = 0 | rest)
+        return np.log(rho / (1 - rho)) + loglik(t, 1.0) - loglik(t, 0.0)
+
+    def logp(t):
+        ls, b = t[:, 2], t[:, 3:].reshape(-1, 6, 2)
+        s = np.exp(ls)
+        Sc = Psi + np.einsum("klj,kli->kji", b, b)
+        return (np.logaddexp(np.log(rho) + loglik(t, 1.0), np.log1p(-rho) + loglik(t, 0.0))
+                - t[:, 0] ** 2 / 2e8 - np.abs(t[:, 1]) / s - ls - 2 * A * ls - B / s ** 2
+                - 0.5 * (nu + 6) * np.linalg.slogdet(Sc)[1])
+
+    rng = np.random.default_rng(seed)
+    K, d = 16, 3 + 12
+    draws, _ = rwm(logp, 0.1 * rng.normal(size=(K, d)), int(30000 * scale), rng, thin=10)
+    flat = draws.reshape(-1, d)
+    gamma = (rng.random(flat.shape[0]) < special.expit(log_odds(flat))).astype(float).reshape(draws.shape[:2])
+    b = draws[..., 3:].reshape(draws.shape[:2] + (6, 2))
+    S_rw = _inverse_wishart_draws(Psi + np.einsum("cdlj,cdli->cdji", b, b), nu + 6, rng)
+    ind = np.concatenate([draws[..., :1], (gamma * draws[..., 1])[..., None], draws[..., 3:], gamma[..., None],
+                          S_rw[..., [0, 1, 1], [0, 0, 1]]], -1)
+    labels = (["b0", "x"] + [f"b_{k}_{j}" for k in range(6) for j in ("1", "x")]
+              + ["gamma_x", "S00", "S10", "S11"])
+    bad = []
+    for j, lab in enumerate(labels):
+        z, p = mean_z(gib[..., j], ind[..., j]), ks_2samp_ess(gib[..., j], ind[..., j])
+        if not (z < 4.0 and p > 1e-3):
+            bad.append((lab, round(z, 2), p))
+    assert 0.1 < gamma.mean() < 0.9  # the indicator is uncertain: the check covers both models
+    assert min(ess(gib[..., j]) for j in range(len(labels))) > 100
+    assert not bad, bad
+
+
+def test_laplace_zero_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
+    """Power: in the Laplace-zero sweep, the levels' move with a covariance 4x too small is rejected
+    (at full length |z| reaches 49; a third of the draws suffices)."""
+    from vbsvm.models import linear
+
+    original = linear.LinearSVMModel._redraw_slope_levels
+    monkeypatch.setattr(linear.LinearSVMModel, "_redraw_slope_levels",
+                        lambda self, theta, f, covs, rng: original(self, theta, f, [S / 4 for S in covs], rng))
+    with pytest.raises(AssertionError):
+        test_laplace_zero_gibbs_with_slopes_against_rwm(7, 1 / 3)
+
+
 @pytest.mark.parametrize("method", ["vb", "meanfield"])
 def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path, method):
     """Both approximations (the calibrated one: EP over the five variance parameters by CCD, which

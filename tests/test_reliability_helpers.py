@@ -245,7 +245,7 @@ def fingerprint(obj) -> str:
 def gibbs_fit(formula, df, *, scale, seed, tune, thin, **kw):
     """Gibbs fit through :func:`vbsvm.svm` on the original scale: 2 chains of ``1500 * scale``
     kept draws after ``tune``, thinned by ``thin``; ``kw`` overrides any setting."""
-    settings = dict(method="gibbs", standardize=False, draws=1500 * scale, tune=tune, chains=2, thin=thin,
+    settings = dict(method="gibbs", standardize=False, draws=int(1500 * scale), tune=tune, chains=2, thin=thin,
                     seed=seed, progress=False)
     settings.update(kw)
     with warnings.catch_warnings():

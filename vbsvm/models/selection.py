@@ -47,8 +47,9 @@ fits, and the other coefficients hold the fit they had with or without term k). 
 :meth:`LaplaceZeroModel.collapsed_indicators`), then theta given the new indicators, a partially
 collapsed Gibbs sampler (van Dyk & Park 2008). On toenail with ``LaplaceZero(0.1)`` and random
 intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafine`` indicator
-from 14 to 62; the random intercepts then move as in the linear model (non-centred variance,
-shift, levels: :meth:`LaplaceZeroModel.random_intercept_moves`).
+from 14 to 62; the random effects then move as in the linear model (non-centred variance,
+shift, levels; the levels of terms with slopes in whitened coordinates:
+:meth:`LaplaceZeroModel.random_effect_moves`).
 
 The calibrated ``method="vb"`` is expectation propagation with the spike-and-slab factors as
 sites (:mod:`vbsvm.inference.ep_selection`), built on the base linear model; this module holds
@@ -141,7 +142,7 @@ by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math
 Mixing of the Gibbs sampler. Single-site updates of the indicators given their coefficients mix
 slowly when predictors are correlated (the paper ran 50k + 50k draws). Each sweep therefore adds
 to Appendix B, all exact for the same posterior: the collapsed indicator draw above (every
-coefficient integrated out given w); the random intercepts' marginal moves; swaps of correlated
+coefficient integrated out given w); the random effects' marginal moves; swaps of correlated
 terms (:meth:`LaplaceZeroModel.swap_moves`); and add/delete moves of each term with w integrated
 out (:meth:`LaplaceZeroModel.flip_moves`, proposals fitted during tuning). Check
 ``fit.diagnostics()`` (rows ``gamma[term]``).
@@ -656,27 +657,31 @@ class LaplaceZeroModel:
             Mh = M @ h
         return IndicatorDraw(gam, logits, cmean, cvar, coupling)
 
-    def random_intercept_moves(self, theta, gamma, sigma2, rng):
-        """The linear model's marginal moves of the random intercepts (augmentation weights
+    def random_effect_moves(self, theta, gamma, sigma2, covariance_precisions, rng):
+        """The linear model's marginal moves of the random effects (augmentation weights
         integrated out; :meth:`~vbsvm.models.linear.LinearSVMModel.marginal_moves`): each
         random-intercept variance non-centred, the intercept-versus-levels shift and the levels,
-        :attr:`~vbsvm.models.linear.LinearSVMModel.level_rounds` times. They touch the intercept,
-        the levels and their variances only, never a selectable coefficient, so the Laplace-zero
-        part of the posterior plays no role in them. Without random intercepts only the score is
-        computed. Returns ``(theta, f)``: the variances they move are drawn again (conjugate,
-        centred) later in the sweep, which interweaves the two parameterizations as in the
-        linear model. w must be drawn afresh after them."""
+        :attr:`~vbsvm.models.linear.LinearSVMModel.level_rounds` times; then the levels of the
+        terms with slopes given their covariances (the inverses of ``covariance_precisions``;
+        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_slope_levels`). They touch the
+        intercept, the levels and their variances only, never a selectable coefficient, so the
+        Laplace-zero part of the posterior plays no role in them. Without random effects only the
+        score is computed. Returns ``(theta, f)``: the variances they move are drawn again
+        (conjugate, centred) later in the sweep, which interweaves the two parameterizations as in
+        the linear model. w must be drawn afresh after them."""
         base = self.base
         u = self.effective(theta, gamma)
         f = base.predictor(u)
-        if not base._shiftable:
+        if not (base._shiftable or base._slope_terms):
             return theta, f
         sigma2 = np.array(sigma2, dtype=float, copy=True)
-        for _ in range(base.level_rounds):
+        for _ in range(base.level_rounds if base._shiftable else 0):
             for k, _index in base._shiftable:
                 u, f, sigma2 = base._rescale_variance(k, u, f, sigma2, rng)
             u = base._shift_location(u, sigma2, rng)
             u, f = base._redraw_levels(u, base.predictor(u), sigma2, rng)
+        if base._slope_terms:
+            u, f = base._redraw_slope_levels(u, f, [spd_inverse(P) for P in covariance_precisions], rng)
         theta = np.array(theta, dtype=float, copy=True)
         keep = np.ones(self.q, dtype=bool)
         keep[self.sel] = False
@@ -818,8 +823,8 @@ class LaplaceZeroModel:
 
     def gibbs_sweep(self, state, rng):
         """gamma_k | w, rest one at a time with theta integrated out (:meth:`collapsed_indicators`);
-        theta | gamma, w, rest; the random intercepts' marginal moves
-        (:meth:`random_intercept_moves`); swaps of correlated terms (marginal, see
+        theta | gamma, w, rest; the random effects' marginal moves
+        (:meth:`random_effect_moves`); swaps of correlated terms (marginal, see
         :meth:`swap_moves`); add/delete of each term (marginal, after tuning's first half, see
         :meth:`flip_moves`); w | f; b | v, sigma_u; variances | rest."""
         gram = self.gram(state["w"])
@@ -828,7 +833,7 @@ class LaplaceZeroModel:
         draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
         gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
-        theta, f = self.random_intercept_moves(theta, gamma, state["sigma2"], rng)
+        theta, f = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng)
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
