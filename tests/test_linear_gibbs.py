@@ -6,37 +6,9 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
-from scipy.integrate import cumulative_trapezoid
 
 import vbsvm
-from test_reliability_helpers import ess as ess_chains, ks_1samp_ess
-
-
-def hinge_sum(y, F):
-    """sum_i (1 - y_i f_i)_+ for each column of scores F (n, k)."""
-    return np.maximum(0.0, 1.0 - y[:, None] * F).sum(0)
-
-
-def grid_cdf(grid, logdens):
-    dens = np.exp(logdens - logdens.max())
-    cdf = cumulative_trapezoid(dens, grid, initial=0.0)
-    return lambda x: np.interp(x, grid, cdf / cdf[-1])
-
-
-def ess(x):
-    """Effective sample size of one chain (arviz-stats, rank-normalized bulk ESS)."""
-    from arviz_stats.base import array_stats
-
-    return float(array_stats.ess(np.asarray(x)[None, :], chain_axis=0, draw_axis=1))
-
-
-def ks_2samp_ess(a, b):
-    """Two-sample KS p-value with the sample sizes replaced by the effective sample sizes
-    (MCMC draws are autocorrelated; the iid p-value would be anti-conservative)."""
-    d = stats.ks_2samp(a, b).statistic
-    na, nb = min(ess(a), len(a)), min(ess(b), len(b))
-    return float(stats.kstwo.sf(d, int(np.floor(na * nb / (na + nb)))))
+from test_reliability_helpers import ess, grid_cdf, hinge_sum, ks_1samp_ess, ks_2samp_ess
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +65,7 @@ def test_penalty_inference_marginal_matches_quadrature(small):
     dens = np.exp(logdens - logdens.max())
     w = dens / dens.sum()
     exact_mean = np.sum(w * (B + grid ** 2 / 2) / (A + 0.5 - 1))
-    assert abs(s2.mean() - exact_mean) < 5 * s2.std() / np.sqrt(ess_chains(s2))
+    assert abs(s2.mean() - exact_mean) < 5 * s2.std() / np.sqrt(ess(s2))
 
 
 def rwm_random_intercept(y, x, g, m, A, B, sigma2_beta, n_steps, seed):
