@@ -46,7 +46,8 @@ sqrt(MCSE_Gibbs^2 + MCSE_NUTS^2)`` over the summary parameters; the heart check 
 max R-hat, min bulk ESS, the worst parameter and wall seconds, on the data sets of the issue's
 acceptance list: toenail ``penalty=None``; breast_cancer ``penalty="auto"``; ``simulate_luts(500, 50)``
 and ``(500, 100)``; ``simulate_luts(100000, 20)``; toenail ``(1 | patient_id)`` with
-``prior=vbsvm.LaplaceZero(rho=0.1)``.
+``prior=vbsvm.LaplaceZero(rho=0.1)``; and, beyond the issue's list, toenail with
+``(1 + time | patient_id)``, alone and with ``LaplaceZero(rho=0.1)``.
 
 Usage::
 
@@ -160,6 +161,8 @@ DEFAULT_PROBLEMS = [
     # not in the list: random slopes, the sampler's hardest linear model
     Problem("toenail_slopes", "y ~ time * terbinafine + (1 + time | patient_id)", lambda: vbsvm.datasets.load("toenail"),
             penalty=None),
+    Problem("toenail_laplace_zero_slopes", "y ~ time * terbinafine + (1 + time | patient_id)",
+            lambda: vbsvm.datasets.load("toenail"), prior=lambda: vbsvm.LaplaceZero(rho=0.1)),
 ]
 
 QUICK_NUTS = ("heart", "toenail")
