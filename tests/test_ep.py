@@ -371,6 +371,20 @@ def test_default_grid_for_two_variances_matches_a_fine_grid():
     assert coarse.info["n_ep"] < 0.5 * fine.info["n_ep"]
 
 
+@pytest.mark.parametrize("penalty", [False, True])
+def test_grid_keeps_the_sites_of_the_heaviest_point_and_the_frontier_only(penalty):
+    """Memory: the grid's points keep their Gaussians, but their 2 x n site values only while
+    they may warm-start a neighbour or be the heaviest point (whose sites the marginal corrections
+    read): once the grid is built only that point keeps them. One variance (11 points) and two
+    (the penalty and a random-intercept variance, 92 points)."""
+    model, _ = small_model(n=120, m=10, seed=4, penalty=penalty)
+    grid = ep.integrate_variances(model)
+    with_sites = [g for g, f in enumerate(grid.fits) if f.sites is not None]
+    assert with_sites == [int(np.argmax(grid.weights))] and len(grid.fits) > 10
+    assert all(f.sites[0].shape == (model.n,) for f in grid.fits if f.sites is not None)
+    assert all(f.post is not None and np.all(np.isfinite(f.mean)) for f in grid.fits)
+
+
 # --------------------------------------------------------------------------- entry point
 def test_fit_calibrated_structure_and_draws():
     model, _ = small_model(n=120, m=10, seed=4)

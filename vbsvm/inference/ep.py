@@ -183,6 +183,17 @@ class EPResult:
         self.mean = post.mean
         self.diag_cov = post.diag_cov()
 
+    def release_sites(self):
+        """Drop the site arrays (2 x n floats): a grid point that will neither warm-start another
+        EP run nor be the heaviest point (whose sites the marginal corrections read) keeps only
+        its Gaussian, so the grid holds O(q^2) per point beyond the data, not O(n)."""
+        self.site_prec = self.site_shift = None
+
+    @property
+    def sites(self):
+        """``(site_prec, site_shift)`` for a warm start, or None once released."""
+        return None if self.site_prec is None else (self.site_prec, self.site_shift)
+
 
 #: Damping factor per sweep once ``expectation_propagation`` anneals (see there).
 ANNEAL_FACTOR = 0.97
@@ -195,7 +206,7 @@ class _Sweep:
     the sites of those coordinates' priors, which then replace their entries of ``tau``."""
 
     def __init__(self, model, tau, prec, shift, prior=None, blocks=()):
-        n = model.n
+        self.model_n = n = model.n
         self.prec, self.shift, self.prior, self.tau, self.blocks = prec, shift, prior, tau, blocks
         prior_shift = None
         if prior is not None:
@@ -205,11 +216,16 @@ class _Sweep:
             prior_shift[prior.index] = shift[n:]
         self.post = post = model.coefficient_posterior(prec[:n], tau, blocks=blocks, r=shift[:n],
                                                        prior_shift=prior_shift)
-        self.mf, self.vf = post.linear_predictor()
-        self.cv, self.cm = _cavity(self.mf, self.vf, prec[:n], shift[:n])
-        self.log_zi, g, h = tilted_moments(model.y, self.cm, self.cv)
-        den = 1.0 + h * self.cv
-        new_prec, new_shift = -h / den, (g - self.cm * h) / den
+        mf, vf = post.linear_predictor()
+        cv, cm = _cavity(mf, vf, prec[:n], shift[:n])
+        log_zi, g, h = tilted_moments(model.y, cm, cv)
+        den = 1.0 + h * cv
+        new_prec, new_shift = -h / den, (g - cm * h) / den
+        # the scalars log_z() and finite() need, so that a pass keeps no n-vector but its sites
+        self.scores_ok = bool(np.all(vf > 0) and np.all(np.isfinite(log_zi)))
+        self.site_sum = _site_terms(log_zi, mf, vf, cm, cv) if self.scores_ok else np.nan
+        self.quad = float(shift[:n] @ mf)
+        del mf, vf, cv, cm, log_zi, g, h, den
         if prior is not None:
             self.pm, self.pv = post.mean[prior.index], post.diag_cov()[prior.index]
             self.pcv, self.pcm = _cavity(self.pm, self.pv, prec[n:], shift[n:])
@@ -225,8 +241,8 @@ class _Sweep:
                 (1.0 - delta) * self.shift + delta * self.new_shift)
 
     def finite(self) -> bool:
-        ok = (np.isfinite(self.change) and np.all(self.vf > 0) and np.all(np.isfinite(self.new_prec))
-              and np.all(np.isfinite(self.new_shift)) and np.all(np.isfinite(self.log_zi)))
+        ok = (np.isfinite(self.change) and self.scores_ok and np.all(np.isfinite(self.new_prec))
+              and np.all(np.isfinite(self.new_shift)))
         if self.prior is not None:
             ok = ok and np.all(self.pv > 0) and np.all(np.isfinite(self.tilted.log_z))
         return bool(ok and np.all(self.new_prec >= 0))
@@ -238,10 +254,9 @@ class _Sweep:
         Coordinates with prior sites have no Gaussian prior: their ``log tau`` is replaced by
         ``log 2 pi`` (the Gaussian's normalizer keeps its ``(2 pi)^{1/2}`` there). Coordinates
         under a covariance block (``tau`` 0 there) contribute ``log|Lambda|`` once per level."""
-        post, n = self.post, self.mf.size
+        post, n = self.post, self.model_n
         log_tau = np.log(self.tau, where=self.tau > 0, out=np.zeros_like(self.tau))
-        quad = float(self.shift[:n] @ self.mf)
-        sites = _site_terms(self.log_zi, self.mf, self.vf, self.cm, self.cv)
+        quad, sites = self.quad, self.site_sum
         if self.prior is not None:
             log_tau[self.prior.index] = np.log(2.0 * np.pi)
             quad += float(self.shift[n:] @ self.pm)
@@ -558,9 +573,20 @@ class _Evidence:
                                         dL[np.tril_indices(q, -1)]]))
         return np.concatenate(grad)
 
+    @staticmethod
+    def key(eta) -> tuple:
+        """The cache key of ``eta``."""
+        return tuple(np.round(np.asarray(eta, dtype=float), 12))
+
+    def forget_all_but(self, eta):
+        """Drop every cached EP result but the one at ``eta``: after the mode search, its other
+        points are never revisited, and each holds ``2 n`` site values."""
+        key = self.key(eta)
+        self.cache = {key: self.cache[key]} if key in self.cache else {}
+
     def run(self, eta, sites=None):
         eta = np.asarray(eta, dtype=float)
-        key = tuple(np.round(eta, 12))
+        key = self.key(eta)
         if key in self.cache:
             return self.cache[key]
         K = len(self.sizes)
@@ -895,6 +921,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     if dz is None:
         dz = 1.0 if K <= 2 else 1.5
     mode, H, n_newton = _find_mode(ev, K, sd_tol=mode_sd_tol)
+    ev.forget_all_but(mode)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
                       ConvergenceWarning, stacklevel=3)
@@ -922,12 +949,21 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
             return ccd
     step = evecs * (dz / np.sqrt(evals))[None, :]  # columns: eta step per unit grid index
     # Explore the integer lattice outward from the mode (breadth first), keeping points within
-    # drop of the highest (corrected) log density seen.
+    # drop of the highest (corrected) log density seen. A point's sites are dropped once they can
+    # neither warm-start a neighbour (its layer is done, or it is not explored further) nor be the
+    # heaviest point's (its value is below the best seen, which only grows): then the grid holds
+    # the sites of about two layers, not of every point (at 1e6 rows each point's are 16 MB).
     origin = tuple([0] * K)
     points = {origin: ev.run(mode)}
     delta = {origin: 0.0}  # integrated gradient correction
     best = points[origin][0]
     frontier = [origin]
+
+    def release_below_best(idx):
+        res = points[idx][2]
+        if res is not None and points[idx][0] + delta[idx] < best:
+            res.release_sites()
+
     while frontier and len(points) < max_points:
         nxt = []
         for idx in frontier:
@@ -941,7 +977,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                 if new in points or len(points) >= max_points:
                     continue
                 eta = mode + step @ np.array(new, dtype=float)
-                out = ev.run(eta, sites=(base.site_prec, base.site_shift))
+                out = ev.run(eta, sites=base.sites)  # None (released): the last run's sites
                 points[new] = out
                 if out[2] is None:
                     delta[new] = -np.inf
@@ -952,6 +988,10 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                 best = max(best, value)
                 if value > best - drop:
                     nxt.append(new)
+                else:
+                    release_below_best(new)
+        for idx in frontier:
+            release_below_best(idx)
         frontier = nxt
     if frontier:
         warnings.warn(f"the variance grid reached max_points={max_points} before the log density fell by "
