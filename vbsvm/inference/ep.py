@@ -387,6 +387,7 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
             v0, v1 = v[:n], v[n:]
             base = (x1[0] - r0, x1[1] - r1)  # x0
             prop = (base[0] - 2 * step * r0 + step * step * v0, base[1] - 2 * step * r1 + step * step * v1)
+            del r, v, r0, r1, v0, v1, base  # 6 n-vectors fewer while the proposal's pass runs
             if np.all(prop[0] >= 0) and np.all(np.isfinite(prop[0])) and np.all(np.isfinite(prop[1])):
                 sp_ = _try_sweep(model, tau, prop, prior, blocks)
                 sweeps += 1
