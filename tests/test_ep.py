@@ -372,7 +372,7 @@ def test_default_grid_for_two_variances_matches_a_fine_grid():
 
 
 @pytest.mark.parametrize("penalty", [False, True])
-def test_grid_keeps_the_sites_of_the_heaviest_point_and_the_frontier_only(penalty):
+def test_only_the_heaviest_grid_point_keeps_its_sites_once_the_grid_is_built(penalty):
     """Memory: the grid's points keep their Gaussians, but their 2 x n site values only while
     they may warm-start a neighbour or be the heaviest point (whose sites the marginal corrections
     read): once the grid is built only that point keeps them. One variance (11 points) and two
