@@ -77,12 +77,20 @@ def test_tuner_phases():
     tuner = ProposalTuner(2, df=5.0, min_accept=0.2)
     rng = np.random.default_rng(0)
     state, tune = tuner.initial_state(), 200
+    fits = []
     for it in range(tune):
-        assert ProposalTuner.phase(state) == (ProposalTuner.COLLECTING if it < 150 else ProposalTuner.TRYING)
+        # moments from sweep 25 on; a first proposal after sweep 74, tried while collecting; a refit after 149
+        assert ProposalTuner.phase(state) == (ProposalTuner.COLLECTING if it < 75 else ProposalTuner.TRYING)
         if ProposalTuner.phase(state) == ProposalTuner.TRYING:
             state["imh_tries"] = state["imh_tries"] + 1
             state["imh_accepts"] = state["imh_accepts"] + 0.5
+        before = state.get("imh_chol")
         state = tuner.adapt(state, rng.normal(size=2), it, tune)
+        if state.get("imh_chol") is not before:
+            fits.append(it)
+            assert float(state["imh_tries"]) == 0.0  # each fit starts its own trial
+    assert fits == [74, 149]
+    assert float(state["imh_count"]) == 125.0
     assert ProposalTuner.phase(state) == ProposalTuner.KEPT
     np.testing.assert_allclose(state["imh_chol"] @ state["imh_chol"].T, np.eye(2), atol=0.3)
     # too short a tuning phase: no proposal; a poor acceptance: dropped
@@ -94,6 +102,20 @@ def test_tuner_phases():
         state = tuner.adapt(state, rng.normal(size=2), it, tune)
     assert ProposalTuner.phase(state) == ProposalTuner.DROPPED
     assert ProposalTuner.proposal(state, 5.0) is None
+
+
+def test_trial_replaces_the_slice_moves_only_while_it_goes_well():
+    tuner = ProposalTuner(2, df=5.0, min_accept=0.2)
+    state = tuner.initial_state()
+    assert not tuner.replaces_slice_moves(state)  # collecting
+    state.update(imh_phase=np.array(ProposalTuner.TRYING), imh_tries=np.array(0.0), imh_accepts=np.array(0.0))
+    assert not tuner.replaces_slice_moves(state)  # no evidence yet
+    state.update(imh_tries=np.array(80.0), imh_accepts=np.array(16.0))
+    assert tuner.replaces_slice_moves(state)
+    state.update(imh_accepts=np.array(15.0))
+    assert not tuner.replaces_slice_moves(state)
+    assert tuner.replaces_slice_moves({**state, "imh_phase": np.array(ProposalTuner.KEPT)})
+    assert not tuner.replaces_slice_moves({**state, "imh_phase": np.array(ProposalTuner.DROPPED)})
 
 
 @pytest.fixture

@@ -12,10 +12,12 @@ is :math:`K` Metropolis-Hastings steps of the independence sampler (Tierney 1994
 :math:`\pi` invariant. With heavier tails than the target (``df`` small) the sampler is uniformly
 ergodic whenever :math:`\pi / q` is bounded.
 
-**Fitting.** :class:`ProposalTuner` collects the block's first and second moments over the middle
-of the tuning phase, builds the proposal from them, tries it over the last quarter of tuning and
-keeps it only if its acceptance rate is high enough. All of this happens during tuning: the kept
-draws come from one fixed kernel.
+**Fitting.** :class:`ProposalTuner` collects the block's first and second moments during tuning,
+builds the proposal early and tries it while it keeps collecting, refits it from all the moments
+and tries the refit over the last quarter of tuning, keeping it only if its acceptance rate is
+high enough. While a trial goes well the proposal replaces the single-site moves, so most of
+tuning costs what a kept sweep costs. All of this happens during tuning: the kept draws come from
+one fixed kernel.
 """
 
 from __future__ import annotations
@@ -143,23 +145,36 @@ class ProposalTuner:
             return None
         return StudentTProposal(state["imh_mean"], state["imh_chol"], df)
 
+    def replaces_slice_moves(self, state) -> bool:
+        """Whether the sweep may leave the block to the proposal alone: once it is kept, and
+        during a trial while the trial's acceptance rate so far reaches ``min_accept`` (a poor
+        proposal never leaves the block without its slice moves)."""
+        phase = self.phase(state)
+        if phase == self.KEPT:
+            return True
+        return phase == self.TRYING and float(state["imh_accepts"]) >= self.min_accept * max(float(state["imh_tries"]), 1.0)
+
     def adapt(self, state, block, it, tune) -> dict:
         """Update the tuner after tuning sweep ``it`` (of ``tune``) whose block value is ``block``.
 
-        Moments are collected over sweeps ``[tune/4, 3 tune/4)``; the proposal (scale = the
-        collected covariance) is tried over ``[3 tune/4, tune)`` and kept at the last tuning sweep
-        if its acceptance rate reached ``min_accept``."""
+        Moments are collected over sweeps ``[tune/8, 3 tune/4)``. A first proposal (scale = the
+        collected covariance) is fitted at ``3 tune/8`` and tried while the collection goes on;
+        at ``3 tune/4`` it is refitted from all the moments and the refit is tried over
+        ``[3 tune/4, tune)``, kept at the last tuning sweep if its acceptance rate there reached
+        ``min_accept``. (The first proposal lets the trial replace the slice moves for most of
+        tuning, see :meth:`replaces_slice_moves`: heart, 14 coefficients, spent 62% of a default
+        run in tuning sweeps of 1.8 ms against kept sweeps of 0.57 ms.)"""
         state = dict(state)
         phase = self.phase(state)
         if tune < self.min_tune:
             state["imh_phase"] = np.array(self.DROPPED)
             return state
-        start, switch = tune // 4, (3 * tune) // 4
-        if phase == self.COLLECTING and it >= start:
+        start, first_fit, refit = tune // 8, (3 * tune) // 8, (3 * tune) // 4
+        if phase in (self.COLLECTING, self.TRYING) and start <= it < refit:
             state["imh_count"] = state["imh_count"] + 1.0
             state["imh_sum"] = state["imh_sum"] + block
             state["imh_outer"] = state["imh_outer"] + np.outer(block, block)
-        if phase == self.COLLECTING and it == switch - 1:
+        if phase in (self.COLLECTING, self.TRYING) and it in (first_fit - 1, refit - 1):
             n = float(state["imh_count"])
             mean = state["imh_sum"] / n
             cov = (state["imh_outer"] - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
@@ -168,7 +183,8 @@ class ProposalTuner:
             except np.linalg.LinAlgError:
                 state["imh_phase"] = np.array(self.DROPPED)
                 return state
-            state.update(imh_phase=np.array(self.TRYING), imh_mean=prop.mean, imh_chol=prop.chol)
+            state.update(imh_phase=np.array(self.TRYING), imh_mean=prop.mean, imh_chol=prop.chol,
+                         imh_tries=np.array(0.0), imh_accepts=np.array(0.0))
         if phase == self.TRYING and it == tune - 1:
             rate = float(state["imh_accepts"]) / max(float(state["imh_tries"]), 1.0)
             state["imh_phase"] = np.array(self.KEPT if rate >= self.min_accept else self.DROPPED)

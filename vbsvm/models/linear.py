@@ -869,8 +869,9 @@ class LinearSVMModel:
         """Called by the engine after each tuning sweep (never after tuning): fits, tries and
         keeps or drops the fixed effects' independence proposal (:meth:`_independence_move`)."""
         block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._imh_variances])])
+        fitted = state.get("imh_chol")
         state = self._tuner.adapt(state, block, it, tune)
-        if "imh_chol" in state and "imh_directions" not in state:
+        if state.get("imh_chol") is not fitted:  # a proposal was (re)fitted: its principal axes
             L = state["imh_chol"][: self.p]
             evals, evecs = np.linalg.eigh(L @ L.T)
             state["imh_directions"] = evecs * np.sqrt(np.maximum(evals, 0.0))
@@ -1138,7 +1139,7 @@ class LinearSVMModel:
             sigma2 = np.zeros(0)
         theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng,
                                                directions=tuner.get("imh_directions"),
-                                               slice_moves=phase != ProposalTuner.KEPT,
+                                               slice_moves=not self._tuner.replaces_slice_moves(tuner),
                                                covariances=[spd_inverse(Lam) for Lam in state["Lam"]]
                                                if self._slope_terms else ())
         proposal = ProposalTuner.proposal(tuner, self.imh_df)
