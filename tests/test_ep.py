@@ -154,6 +154,37 @@ def test_parallel_ep_converges_from_default_and_warm_start():
     assert np.all(cold.site_prec >= 0)
 
 
+def stalling_model():
+    """A data set (found by a search over 400 seeds) on which parallel EP at damping 0.5 with SQUAREM
+    stalls: its sites alternate around the fixed point and the largest change shrinks by about 1%
+    per sweep (like an acath completion in ``missing="impute"``)."""
+    rng = np.random.default_rng(76)
+    n, p = int(rng.choice([100, 200, 400, 800])), 5
+    X = rng.normal(size=(n, p - 1))
+    X[:, 0] = rng.random(n) < 0.3
+    X[:, 1] = np.log1p(rng.exponential(3, n)) * (rng.random(n) < 0.7)
+    X = np.column_stack([np.ones(n), (X - X.mean(0)) / X.std(0)])
+    b = rng.normal(0, rng.choice([0.2, 0.5, 1.0]), p)
+    y = np.where(X @ b + rng.logistic(size=n) > 0, 1.0, -1.0)
+    return LinearSVMModel(X, y, [], np.r_[1e-8, np.full(p - 1, np.nan)])
+
+
+def test_a_stalled_ep_run_stops_extrapolating_and_damps_more(monkeypatch):
+    model = stalling_model()
+    tau = model.prior_precision([1.0])
+    fixed_point = ep.expectation_propagation(model, tau, tol=1e-10, damping=0.2, accelerate=False, max_sweeps=5000)
+    assert fixed_point.converged
+    res = ep.expectation_propagation(model, tau, tol=1e-4, max_sweeps=500)
+    assert res.converged and res.n_sweeps < 200
+    assert res.log_z == pytest.approx(fixed_point.log_z, abs=1e-4)
+    sd = np.sqrt(fixed_point.diag_cov)
+    assert np.max(np.abs(res.mean - fixed_point.mean) / sd) < 0.02
+    monkeypatch.setattr(ep, "STALL_SWEEPS", 10 ** 9)  # the rule off: the run ends at max_sweeps, 0.06 sd away
+    stalled = ep.expectation_propagation(model, tau, tol=1e-4, max_sweeps=500)
+    assert not stalled.converged
+    assert np.max(np.abs(stalled.mean - fixed_point.mean) / sd) > 0.05
+
+
 # --------------------------------------------------------------------------- exactness
 def one_coefficient(x, y, prec):
     return LinearSVMModel(np.asarray(x, float)[:, None], y, [], np.array([prec]))
