@@ -402,16 +402,17 @@ def test_default_grid_for_two_variances_matches_a_fine_grid():
     assert coarse.info["n_ep"] < 0.5 * fine.info["n_ep"]
 
 
-@pytest.mark.parametrize("penalty", [False, True])
-def test_only_the_heaviest_grid_point_keeps_its_sites_once_the_grid_is_built(penalty):
+@pytest.mark.parametrize("penalty,strategy", [(False, "auto"), (True, "auto"), (True, "ccd")])
+def test_only_the_heaviest_grid_point_keeps_its_sites_once_the_grid_is_built(penalty, strategy):
     """Memory: the grid's points keep their Gaussians, but their 2 x n site values only while
     they may warm-start a neighbour or be the heaviest point (whose sites the marginal corrections
     read): once the grid is built only that point keeps them. One variance (11 points) and two
-    (the penalty and a random-intercept variance, 92 points)."""
+    (the penalty and a random-intercept variance, 92 points on the grid, 9 by CCD)."""
     model, _ = small_model(n=120, m=10, seed=4, penalty=penalty)
-    grid = ep.integrate_variances(model)
+    grid = ep.integrate_variances(model, strategy=strategy)
+    assert grid.info["strategy"] == ("grid" if strategy == "auto" else strategy)
     with_sites = [g for g, f in enumerate(grid.fits) if f.sites is not None]
-    assert with_sites == [int(np.argmax(grid.weights))] and len(grid.fits) > 10
+    assert with_sites == [int(np.argmax(grid.weights))] and len(grid.fits) > (8 if strategy == "ccd" else 10)
     assert all(f.sites[0].shape == (model.n,) for f in grid.fits if f.sites is not None)
     assert all(f.post is not None and np.all(np.isfinite(f.mean)) for f in grid.fits)
 

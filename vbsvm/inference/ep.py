@@ -1053,6 +1053,10 @@ def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged):
     split = scales[:, ::-1]  # (negative, positive)
     keep = np.isfinite(lp)
     log_rule = log_w + np.log(abs(np.linalg.det(axes)))
+    heaviest = int(np.argmax(np.where(keep, lp + log_rule, -np.inf)))
+    for g, out in enumerate(runs):  # as on the grid, only the heaviest point's sites are read later
+        if g != heaviest and out[2] is not None:
+            out[2].release_sites()
     info = _run_info(ev, n_newton, start, warn_unconverged, "ccd")
     return GridPosterior(mode + Z[keep] @ axes.T, lp[keep], [runs[g][2] for g in np.flatnonzero(keep)], axes,
                          mode, H, info, cov_dims=[iw.dim for _, iw in ev.covariances], log_rule=log_rule[keep],
