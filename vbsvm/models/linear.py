@@ -1119,10 +1119,11 @@ class LinearSVMModel:
         (:meth:`_independence_move`, with ``log sigma2_u``), else by slice sampling along the
         principal axes of their tuning draws; during a trial the independence move replaces the
         slice moves while its acceptance rate is high enough
-        (:meth:`~vbsvm.inference.independence.ProposalTuner.replaces_slice_moves`). With the independence move kept and no random
-        effects, the augmented steps (theta | w and w | theta, an ``O(n p^2)`` Gram and ``n``
-        inverse-Gaussian draws) are skipped: the scan is then a Metropolis-within-Gibbs sampler on
-        the marginal pseudo-posterior, each of its steps exact.
+        (:meth:`~vbsvm.inference.independence.ProposalTuner.replaces_slice_moves`). With the
+        independence move kept and no random effects, the augmented steps (theta | w and
+        w | theta, an ``O(n p^2)`` Gram and ``n`` inverse-Gaussian draws) are skipped: the scan is
+        then a Metropolis-within-Gibbs sampler on the marginal pseudo-posterior, each of its steps
+        exact.
         """
         tuner = ProposalTuner.carry(state)
         phase = ProposalTuner.phase(tuner)
