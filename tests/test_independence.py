@@ -116,6 +116,7 @@ def test_trial_replaces_the_slice_moves_only_while_it_goes_well():
     assert not tuner.replaces_slice_moves(state)
     assert tuner.replaces_slice_moves({**state, "imh_phase": np.array(ProposalTuner.KEPT)})
     assert not tuner.replaces_slice_moves({**state, "imh_phase": np.array(ProposalTuner.DROPPED)})
+    assert not tuner.replaces_slice_moves({"w": np.ones(3)})  # a sampler state without the tuner's keys
 
 
 @pytest.fixture

@@ -152,8 +152,9 @@ class ProposalTuner:
         phase = self.phase(state)
         if phase == self.KEPT:
             return True
-        tries = max(float(state["imh_tries"]), 1.0)
-        return phase == self.TRYING and float(state["imh_accepts"]) >= self.min_accept * tries
+        if phase != self.TRYING:
+            return False
+        return float(state["imh_accepts"]) >= self.min_accept * max(float(state["imh_tries"]), 1.0)
 
     def adapt(self, state, block, it, tune) -> dict:
         """Update the tuner after tuning sweep ``it`` (of ``tune``) whose block value is ``block``.
