@@ -13,7 +13,16 @@ suite runs 1 (the naive cut algorithm: the tests check correctness of the moves,
 (``tests/test_missing.py``, ``-m slow``) runs the default.
 """
 
+import os
+
 import pytest
+
+#: BLAS threads of each test process and of the subprocesses it starts (vignettes, spawned chains):
+#: the suite runs two xdist workers on two cores, and two OpenBLAS threads per worker
+#: oversubscribe them (see :mod:`vbsvm.inference.threads`). Set before numpy is imported.
+SUITE_BLAS_THREADS = "1"
+for _variable in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_variable, SUITE_BLAS_THREADS)
 
 #: SVM sweeps per draw of the imputations in the suite's cut Gibbs runs (see above)
 SUITE_CUT_SVM_SWEEPS = 1
