@@ -57,3 +57,22 @@ def one_blas_thread():
 
     with threadpool_limits(1):
         yield
+
+
+@pytest.fixture
+def block_phases(monkeypatch):
+    """The phase of the linear sampler's block tuner
+    (:class:`vbsvm.inference.block_tuner.BlockTuner`) in every chain at the end of tuning."""
+    from vbsvm.inference.block_tuner import BlockTuner
+
+    seen = []
+    adapt = BlockTuner.adapt
+
+    def spy(self, state, block, it, tune):
+        out = adapt(self, state, block, it, tune)
+        if it == tune - 1:
+            seen.append(BlockTuner.phase(out))
+        return out
+
+    monkeypatch.setattr(BlockTuner, "adapt", spy)
+    return seen

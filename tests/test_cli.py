@@ -77,7 +77,7 @@ def test_fit_gibbs_and_compare(capsys, csv, tmp_path):
     assert run(capsys, "fit", "y ~ time + C(arm)", csv, "--out", a, "--chains", 2, "--draws", 300,
                "--method", "meanfield")[0] == 0
     code, out, err = run(capsys, "fit", "y ~ time + C(arm)", csv, "--method", "gibbs", "--chains", 2,
-                         "--draws", 300, "--tune", 100, "--out", b, "--no-progress")
+                         "--draws", 50, "--tune", 100, "--out", b, "--no-progress")
     assert code == 0 and "Gibbs sampling" in out and "r_hat" in out
     assert "DiagnosticWarning" in err       # short chains: the warning is shown, as one line
     png = tmp_path / "forest.png"

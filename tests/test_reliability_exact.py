@@ -329,13 +329,13 @@ def test_exact_check_detects_a_wrong_sampler():
 
 # ---------------------------------------------------------------- power of the checks for each Gibbs move
 def _broken(monkeypatch, name, wrapper):
-    """Break one move of the linear sampler. The independence move of the fixed effects (which,
-    once kept, would correct a broken variance or fixed-effect move) is dropped after tuning; its
-    own power check is in ``test_independence.py``."""
+    """Break one move of the linear sampler. The fitted block moves of the fixed effects (which,
+    once kept, would correct a broken variance or fixed-effect move) are dropped after tuning;
+    their own power checks are in ``test_independence.py`` and ``test_hmc.py``."""
     from vbsvm.models.linear import LinearSVMModel
 
     monkeypatch.setattr(LinearSVMModel, name, wrapper(getattr(LinearSVMModel, name)))
-    monkeypatch.setattr(LinearSVMModel, "imh_min_accept", 2.0)
+    monkeypatch.setattr(LinearSVMModel, "block_min_accept", 2.0)
 
 
 def test_exact_check_detects_a_wrong_variance_rescaling(monkeypatch):

@@ -57,7 +57,9 @@ import scipy.sparse as sp
 
 from ..distributions import InverseGamma, InverseWishart
 from ..spd import pack_spd, spd_inverse, unpack_spd
-from ..inference.independence import ProposalTuner, independence_steps
+from ..inference.block_tuner import BlockTuner
+from ..inference.hmc import hmc_transition, trajectory_steps
+from ..inference.independence import independence_steps
 from ..inference.slice import slice_sample, slice_sample_independent
 from . import hinge
 
@@ -648,14 +650,14 @@ class LinearSVMModel:
         # entries change Cd later); column by column, so that no squared copy of it is formed
         X = self.Cd[:, :p]
         self._fixed_width = 3.0 / np.maximum([np.sqrt(np.add.reduce(X[:, j] * X[:, j])) for j in range(p)], 1e-12)
-        # the independence move's block: the fixed effects and the log of each variance that governs
-        # fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
-        self._imh_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p], dtype=int)
-        self._imh_fixed_tau = np.zeros(p)
+        # the block of the independence and HMC moves: the fixed effects and the log of each variance
+        # that governs fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
+        self._block_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p], dtype=int)
+        self._block_fixed_tau = np.zeros(p)
         for c in self.components:
             if c.kind == "fixed" and c.index[0] < p:
-                self._imh_fixed_tau[c.index] = c.precision
-        self._tuner = ProposalTuner(p + self._imh_variances.size, df=self.imh_df, min_accept=self.imh_min_accept)
+                self._block_fixed_tau[c.index] = c.precision
+        self._tuner = BlockTuner(p + self._block_variances.size, df=self.imh_df, min_accept=self.block_min_accept)
         self._shiftable = [] if self.intercept is None else [
             (k, c.index) for k, c in enumerate(self.variance_components)
             if c.name.startswith("sigma2_") and c.name[7:] in {t[2] for t in terms if np.all(t[3] == 1.0)}]
@@ -867,14 +869,15 @@ class LinearSVMModel:
 
     def gibbs_adapt(self, state, it, tune):
         """Called by the engine after each tuning sweep (never after tuning): fits, tries and
-        keeps or drops the fixed effects' independence proposal (:meth:`_independence_move`)."""
-        block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._imh_variances])])
-        fitted = state.get("imh_chol")
+        keeps the fixed effects' independence move (:meth:`_independence_move`), their HMC move
+        (:meth:`_hmc_move`) or neither (:class:`~vbsvm.inference.block_tuner.BlockTuner`)."""
+        block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._block_variances])])
+        fitted = state.get("blk_chol")
         state = self._tuner.adapt(state, block, it, tune)
-        if state.get("imh_chol") is not fitted:  # a proposal was (re)fitted: its principal axes
-            L = state["imh_chol"][: self.p]
+        if state.get("blk_chol") is not fitted:  # the block was (re)fitted: its principal axes
+            L = state["blk_chol"][: self.p]
             evals, evecs = np.linalg.eigh(L @ L.T)
-            state["imh_directions"] = evecs * np.sqrt(np.maximum(evals, 0.0))
+            state["blk_directions"] = evecs * np.sqrt(np.maximum(evals, 0.0))
         return state
 
     def variance_log_prior(self, sigma2) -> float:
@@ -1037,20 +1040,17 @@ class LinearSVMModel:
     imh_steps = 8
     #: degrees of freedom of the t proposal (heavier tails than the near-Gaussian target)
     imh_df = 10.0
-    #: acceptance rate over the trial quarter of tuning for the proposal to replace the
-    #: single-site slice moves of the fixed effects
-    imh_min_accept = 0.2
+    #: acceptance rate (independence move) or mean acceptance probability (HMC) over the trial
+    #: quarter of tuning for the move to replace the single-site slice moves of the fixed effects
+    block_min_accept = 0.2
 
     def _independence_move(self, proposal, theta, f, sigma2, rng):
         """Block independence Metropolis-Hastings of the fixed effects, jointly with the log of
-        each variance that governs fixed effects only (the penalty's ``sigma2_u``), on the
-        marginal pseudo-posterior given the random effects and their variances:
-        ``prod_j N(beta_j; 0, 1/tau_j) prod_k IG(sigma2_k; A, B) sigma2_k prod_i exp(-2 (1 - y_i f_i)_+)``
-        in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian).
-        :data:`imh_steps` proposals from the t proposal fitted during tuning are evaluated in one
-        batch (:mod:`vbsvm.inference.independence`). Like the other marginal moves it must be
-        followed by a fresh ``w | theta``. Returns ``(theta, f, sigma2, accepted)``."""
-        p, own = self.p, self._imh_variances
+        each variance that governs fixed effects only, on the marginal pseudo-posterior of
+        :meth:`_hmc_move`. :data:`imh_steps` proposals from the t proposal fitted during tuning
+        are evaluated in one batch (:mod:`vbsvm.inference.independence`). Like the other marginal
+        moves it must be followed by a fresh ``w | theta``. Returns ``(theta, f, sigma2, accepted)``."""
+        p, own = self.p, self._block_variances
         X = self.Cd[:, :p]
         current = np.concatenate([theta[:p], np.log(sigma2[own])])
         f_rest = f - X @ theta[:p]
@@ -1070,17 +1070,68 @@ class LinearSVMModel:
 
     def _imh_log_target(self, x, F):
         """Log target of :meth:`_independence_move` at the columns of ``x`` (fixed effects, then
-        the log variances), ``F`` the scores."""
+        the log variances), ``F`` the scores: :meth:`_hmc_log_target` for many points at once."""
         p = self.p
         beta, eta = x[:p], x[p:]
         value = -2.0 * np.maximum(0.0, 1.0 - self.y[:, None] * F).sum(axis=0)
-        value -= 0.5 * np.sum(self._imh_fixed_tau[:, None] * beta * beta, axis=0)
-        for r, k in enumerate(self._imh_variances):
+        value -= 0.5 * np.sum(self._block_fixed_tau[:, None] * beta * beta, axis=0)
+        for r, k in enumerate(self._block_variances):
             idx = self.variance_components[k].index
             value += (-(0.5 * idx.size + self.A) * eta[r]
                       - np.exp(-eta[r]) * (0.5 * np.sum(beta[idx] ** 2, axis=0) + self.B))
         outside = (eta < LOG_VARIANCE_RANGE[0]) | (eta > LOG_VARIANCE_RANGE[1])
         return np.where(outside.any(axis=0), -np.inf, value)
+
+    def _hmc_move(self, tuner, theta, f, sigma2, rng):
+        """Hamiltonian Monte Carlo transition of the fixed effects, jointly with the log of each
+        variance that governs fixed effects only (the penalty's ``sigma2_u``), on the marginal
+        pseudo-posterior given the random effects and their variances:
+        ``prod_j N(beta_j; 0, 1/tau_j) prod_k IG(sigma2_k; A, B) sigma2_k prod_i exp(-2 (1 - y_i f_i)_+)``
+        in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian), with
+        the metric and step fitted during tuning (:mod:`vbsvm.inference.hmc`). Each leapfrog step
+        costs two O(np) products (scores and gradient). Like the other marginal moves it must be
+        followed by a fresh ``w | theta``. Returns ``(theta, f, sigma2, accept_prob)``."""
+        p, own = self.p, self._block_variances
+        X = self.Cd[:, :p]
+        f_rest = f - X @ theta[:p]
+        x = np.concatenate([theta[:p], np.log(sigma2[own])])
+
+        def logp_grad(x):
+            return self._hmc_log_target(x, f_rest + X @ x[:p], X)
+
+        step = BlockTuner.hmc_step(tuner, rng)
+        x, (_, _, f_new), accept_prob = hmc_transition(logp_grad, x, logp_grad(x), tuner["blk_chol"], step,
+                                                       trajectory_steps(step), rng)
+        theta, sigma2 = theta.copy(), sigma2.copy()
+        theta[:p] = x[:p]
+        sigma2[own] = np.exp(x[p:])
+        return theta, f_new, sigma2, accept_prob
+
+    def _hmc_log_target(self, x, f, X):
+        """Log target of :meth:`_hmc_move` at ``x`` (fixed effects, then the log variances) with
+        scores ``f`` (``X`` the fixed effects' columns), its gradient in ``x``, and ``f``: the
+        hinge contributes ``2 X^T (y * 1[y f < 1])``, each variance
+        ``-(m_k/2 + A) + e^{-eta_k} (||beta_k||^2/2 + B)``."""
+        p = self.p
+        beta = x[:p]
+        low, high = LOG_VARIANCE_RANGE
+        if not all(low < e < high for e in x[p:].tolist()):
+            return -math.inf, None, f
+        gap = 1.0 - self.y * f
+        inside = gap > 0.0
+        value = -2.0 * float(np.dot(gap, inside)) - 0.5 * float(self._block_fixed_tau @ (beta * beta))
+        grad = np.empty_like(x)
+        np.multiply(self._block_fixed_tau, beta, out=grad[:p])
+        grad[:p] = 2.0 * (self.y * inside) @ X - grad[:p]
+        for r, k in enumerate(self._block_variances):
+            idx = self.variance_components[k].index
+            eta = float(x[p + r])
+            half_sq = 0.5 * float(beta[idx] @ beta[idx]) + self.B
+            precision = math.exp(-eta)
+            value += -(0.5 * idx.size + self.A) * eta - precision * half_sq
+            grad[idx] -= precision * beta[idx]
+            grad[p + r] = -(0.5 * idx.size + self.A) + precision * half_sq
+        return value, grad, f
 
     def marginal_moves(self, theta, f, sigma2, rng, directions=None, slice_moves=True, covariances=()):
         """The moves of a sweep on the marginal pseudo-posterior (augmentation weights integrated
@@ -1115,19 +1166,20 @@ class LinearSVMModel:
         weights, whose coupling with theta is what slows the plain sampler; w is then drawn given
         the new theta. Each step keeps the posterior, so the scan does.
 
-        After tuning, the fixed effects move by the independence sampler if its trial went well
-        (:meth:`_independence_move`, with ``log sigma2_u``), else by slice sampling along the
-        principal axes of their tuning draws; during a trial the independence move replaces the
-        slice moves while its acceptance rate is high enough
-        (:meth:`~vbsvm.inference.independence.ProposalTuner.replaces_slice_moves`). With the
-        independence move kept and no random effects, the augmented steps (theta | w and
-        w | theta, an ``O(n p^2)`` Gram and ``n`` inverse-Gaussian draws) are skipped: the scan is
-        then a Metropolis-within-Gibbs sampler on the marginal pseudo-posterior, each of its steps
+        After tuning, the fixed effects (with ``log sigma2_u``) move by the independence sampler
+        if its trial went well (:meth:`_independence_move`, one matrix product per sweep), else
+        by HMC if its trial did (:meth:`_hmc_move`), else by slice sampling along the principal
+        axes of their tuning draws; during a trial a fitted move replaces the slice moves while
+        its acceptance is high enough
+        (:meth:`~vbsvm.inference.block_tuner.BlockTuner.replaces_slice_moves`). With a fitted
+        move kept and no random effects, the augmented steps (theta | w and w | theta, an
+        ``O(n p^2)`` Gram and ``n`` inverse-Gaussian draws) are skipped: the scan is then a
+        Metropolis-within-Gibbs sampler on the marginal pseudo-posterior, each of its steps
         exact.
         """
-        tuner = ProposalTuner.carry(state)
-        phase = ProposalTuner.phase(tuner)
-        marginal_only = phase == ProposalTuner.KEPT and self.q == self.p
+        tuner = BlockTuner.carry(state)
+        phase = BlockTuner.phase(tuner)
+        marginal_only = phase in (BlockTuner.KEPT_IMH, BlockTuner.KEPT_HMC) and self.q == self.p
         w = state["w"]
         if marginal_only:
             theta = state["theta"]
@@ -1141,16 +1193,17 @@ class LinearSVMModel:
         else:
             sigma2 = np.zeros(0)
         theta, f, sigma2 = self.marginal_moves(theta, self.predictor(theta), sigma2, rng,
-                                               directions=tuner.get("imh_directions"),
+                                               directions=tuner.get("blk_directions"),
                                                slice_moves=not self._tuner.replaces_slice_moves(tuner),
                                                covariances=[spd_inverse(Lam) for Lam in state["Lam"]]
                                                if self._slope_terms else ())
-        proposal = ProposalTuner.proposal(tuner, self.imh_df)
+        proposal = self._tuner.imh_proposal(tuner)
         if proposal is not None:
             theta, f, sigma2, accepted = self._independence_move(proposal, theta, f, sigma2, rng)
-            if phase == ProposalTuner.TRYING:
-                tuner["imh_tries"] = tuner["imh_tries"] + self.imh_steps
-                tuner["imh_accepts"] = tuner["imh_accepts"] + accepted
+            tuner = self._tuner.record_imh(tuner, self.imh_steps, accepted)
+        if self._tuner.runs_hmc(tuner):
+            theta, f, sigma2, accept_prob = self._hmc_move(tuner, theta, f, sigma2, rng)
+            tuner = self._tuner.record_hmc(tuner, accept_prob)
         if not marginal_only:
             w = hinge.sample_inverse(self.y, f, rng)
         Sigmas = [qc.sample(rng) for qc in self.covariance_posteriors(self.scatter_matrices(theta))]

@@ -1,0 +1,86 @@
+"""The tuning of the linear sampler's fixed-effect block (issue #17): the schedule of fits and
+trials, which move runs and replaces the slice moves when, which one is kept, and the exact
+posterior when neither is kept (slice moves along the principal axes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vbsvm.inference.block_tuner import EVIDENCE, BlockTuner
+from vbsvm.models import linear
+import test_reliability_exact as exact
+
+
+def _run(tuner, tune, imh_rate, hmc_prob, seed=0):
+    """A tuning phase in which the independence move accepts ``imh_rate`` of its 8 proposals per
+    sweep and HMC transitions have acceptance probability ``hmc_prob``; returns the final state,
+    the sweeps after which the block was fitted, and the sweeps at which HMC ran."""
+    rng = np.random.default_rng(seed)
+    state, fits, hmc_sweeps = tuner.initial_state(), [], []
+    for it in range(tune):
+        if tuner.imh_proposal(state) is not None:
+            state = tuner.record_imh(state, 8, 8 * imh_rate)
+        if tuner.runs_hmc(state):
+            hmc_sweeps.append(it)
+            state = tuner.record_hmc(state, hmc_prob)
+        before = state.get("blk_chol")
+        state = tuner.adapt(state, rng.normal(size=2), it, tune)
+        if state.get("blk_chol") is not before:
+            fits.append(it)
+            assert float(state["imh_tries"]) == float(state["hmc_tries"]) == 0.0  # each fit starts its trials
+    return state, fits, hmc_sweeps
+
+
+def test_schedule_and_the_independence_move_kept_when_it_goes_well():
+    tuner = BlockTuner(2, min_accept=0.2)
+    state, fits, hmc_sweeps = _run(tuner, 320, imh_rate=0.5, hmc_prob=0.9)
+    # moments over [20, 240); fits after sweeps 79 and 239; HMC never needed
+    assert fits == [79, 239] and float(state["blk_count"]) == 220.0 and hmc_sweeps == []
+    assert BlockTuner.phase(state) == BlockTuner.KEPT_IMH
+    assert tuner.imh_proposal(state) is not None and not tuner.runs_hmc(state)
+    np.testing.assert_allclose(state["blk_chol"] @ state["blk_chol"].T, np.eye(2), atol=0.3)
+
+
+def test_hmc_runs_and_is_kept_when_the_independence_move_goes_badly():
+    tuner = BlockTuner(2, min_accept=0.2)
+    state, fits, hmc_sweeps = _run(tuner, 320, imh_rate=0.05, hmc_prob=0.7)
+    # HMC starts in the sweep whose 8 independence proposals bring the trial's to EVIDENCE
+    first = [80 + EVIDENCE // 8 - 1, 240 + EVIDENCE // 8 - 1]
+    assert hmc_sweeps[0] == first[0] and first[1] in hmc_sweeps and first[1] - 1 not in hmc_sweeps
+    assert BlockTuner.phase(state) == BlockTuner.KEPT_HMC
+    assert tuner.imh_proposal(state) is None and tuner.runs_hmc(state)
+    assert float(state["hmc_log_step"]) == float(state["hmc_log_step_bar"])  # the averaged step is kept
+
+
+def test_neither_kept_and_too_short_a_tuning():
+    tuner = BlockTuner(2, min_accept=0.2)
+    state, _, _ = _run(tuner, 320, imh_rate=0.05, hmc_prob=0.1)
+    assert BlockTuner.phase(state) == BlockTuner.DROPPED
+    assert tuner.imh_proposal(state) is None and not tuner.runs_hmc(state) and not tuner.replaces_slice_moves(state)
+    assert BlockTuner.phase(tuner.adapt(tuner.initial_state(), np.zeros(2), 0, 50)) == BlockTuner.DROPPED
+
+
+def test_a_trial_replaces_the_slice_moves_only_while_it_goes_well():
+    tuner = BlockTuner(2, min_accept=0.2)
+    state = tuner.initial_state()
+    assert not tuner.replaces_slice_moves(state)  # collecting
+    state["blk_phase"] = np.array(BlockTuner.TRYING)
+    assert not tuner.replaces_slice_moves(state)  # no evidence yet
+    state.update(imh_tries=np.array(80.0), imh_accepts=np.array(16.0))
+    assert tuner.replaces_slice_moves(state) and not tuner.runs_hmc(state)
+    state.update(imh_accepts=np.array(15.0))
+    assert not tuner.replaces_slice_moves(state) and tuner.runs_hmc(state)
+    state.update(hmc_tries=np.array(10.0), hmc_accepts=np.array(2.5))
+    assert tuner.replaces_slice_moves(state)
+    for kept in (BlockTuner.KEPT_IMH, BlockTuner.KEPT_HMC):
+        assert tuner.replaces_slice_moves({**state, "blk_phase": np.array(kept)})
+    assert not tuner.replaces_slice_moves({**state, "blk_phase": np.array(BlockTuner.DROPPED)})
+    assert not tuner.replaces_slice_moves({"w": np.ones(3)})  # a sampler state without the tuner's keys
+
+
+def test_exact_posterior_with_principal_axis_slices(block_phases, monkeypatch):
+    """With neither move kept at the end of tuning the fixed effects move by slice sampling along
+    the principal axes of their tuning draws; the draws match the quadrature marginals."""
+    monkeypatch.setattr(linear.LinearSVMModel, "block_min_accept", 2.0)
+    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    assert block_phases and all(ph == BlockTuner.DROPPED for ph in block_phases), block_phases

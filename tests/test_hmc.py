@@ -1,0 +1,139 @@
+"""The HMC move of the linear Gibbs sampler (issue #17).
+
+The transition against known targets (a skewed one by KS, a Gaussian's acceptance as the step
+shrinks); the dual averaging of the step; the gradient of the linear model's marginal target
+against finite differences; and, through the public API, the linear sampler with the move kept
+against the exact posterior by quadrature, with a broken variant (the acceptance without the
+kinetic energy) that the same check rejects. (The tuning that fits it: ``test_block_tuner.py``.)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from vbsvm.inference import hmc
+from vbsvm.inference.block_tuner import BlockTuner
+from vbsvm.inference.hmc import hmc_transition, trajectory_steps
+from vbsvm.models import linear
+import test_reliability_exact as exact
+from test_reliability_exact import P_MIN
+
+
+def _skewed(x):
+    """log density and gradient of log-Gamma(3) in x[0] times N(x[1]; x[0], 0.5^2)."""
+    a, b = x
+    lp = 3.0 * a - math.exp(a) - 2.0 * (b - a) ** 2
+    return lp, np.array([3.0 - math.exp(a) + 4.0 * (b - a), -4.0 * (b - a)]), None
+
+
+def test_transition_leaves_a_skewed_target_invariant():
+    rng = np.random.default_rng(3)
+    chol = np.linalg.cholesky(np.array([[0.35, 0.3], [0.3, 0.55]]))
+    x, cur, chain, accepted = np.array([1.0, 1.0]), _skewed(np.array([1.0, 1.0])), [], []
+    for _ in range(8000):
+        step = 0.6 * rng.uniform(*hmc.STEP_JITTER)
+        x, cur, a = hmc_transition(_skewed, x, cur, chol, step, trajectory_steps(step), rng)
+        chain.append(x.copy())
+        accepted.append(a)
+    chain = np.array(chain[500:])
+    target = stats.loggamma(3.0)
+    assert stats.kstest(chain[::4, 0], target.cdf).pvalue > P_MIN
+    assert abs(chain[:, 1].mean() - target.mean()) < 0.05
+    assert 0.3 < np.mean(accepted) < 1.0
+
+
+def test_acceptance_tends_to_one_as_the_step_shrinks_and_outside_the_support_is_rejected():
+    rng = np.random.default_rng(0)
+    gauss = lambda x: (-0.5 * float(x @ x), -x, None)  # noqa: E731
+    x = np.array([0.3, -1.0, 2.0])
+    rates = [np.mean([hmc_transition(gauss, x, gauss(x), np.eye(3), s, trajectory_steps(s), rng)[2]
+                      for _ in range(200)]) for s in (0.8, 0.2, 0.02)]
+    assert rates[0] < rates[1] < rates[2] and rates[2] > 0.999, rates
+    walled = lambda x: (-math.inf, None, None) if x[0] > 0.5 else gauss(x)  # noqa: E731
+    x0 = np.array([0.49, 0.0, 0.0])
+    for _ in range(50):
+        x1, cur, a = hmc_transition(walled, x0, walled(x0), np.eye(3), 0.5, 3, rng)
+        assert x1[0] <= 0.5 and (a > 0 or np.array_equal(x1, x0))
+
+
+def test_dual_averaging_reaches_the_target_acceptance():
+    """An adaptation window on a 20-d Gaussian with a metric 3x too wide, started at a step far too
+    large: the mean acceptance over its second half is near TARGET_ACCEPT and the averaged step
+    sits between the smallest and largest steps tried late."""
+    d, rng = 20, np.random.default_rng(1)
+    gauss = lambda x: (-0.5 * float(x @ x), -x, None)  # noqa: E731
+    chol = 3.0 * np.eye(d)
+    log_step = math.log(2.0)
+    h_bar, mu, log_step_bar = 0.0, log_step + math.log(10.0), log_step
+    x, cur, late, steps = np.zeros(d), gauss(np.zeros(d)), [], []
+    for t in range(1, 601):
+        step = math.exp(log_step)
+        x, cur, a = hmc_transition(gauss, x, cur, chol, step, trajectory_steps(step), rng)
+        h_bar, log_step, log_step_bar = hmc.dual_average(t, h_bar, mu, log_step_bar, a)
+        if t > 300:
+            late.append(a)
+            steps.append(step)
+    assert abs(np.mean(late) - hmc.TARGET_ACCEPT) < 0.1, np.mean(late)
+    assert min(steps) <= math.exp(log_step_bar) <= max(steps)
+
+
+def test_marginal_target_gradient_matches_finite_differences():
+    """Intercept (fixed precision), two penalized columns (sigma2_u in the block) and a random
+    intercept (not in the block: its levels enter through the scores)."""
+    rng = np.random.default_rng(4)
+    n = 60
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    codes = rng.integers(0, 5, n)
+    model = linear.LinearSVMModel(X, y, [(codes, 5, "g")], np.r_[0.3, np.nan, np.nan], A=0.5, B=0.7)
+    assert list(model._block_variances) == [0]
+    f_rest = rng.normal(size=5)[codes]
+    Xf = model.Cd[:, : model.p]
+
+    def value(x):
+        return model._hmc_log_target(x, f_rest + Xf @ x[: model.p], Xf)[0]
+
+    x = np.r_[0.2, -0.4, 0.9, math.log(1.3)]
+    grad = model._hmc_log_target(x, f_rest + Xf @ x[: model.p], Xf)[1]
+    h = 1e-6
+    fd = np.array([(value(x + h * e) - value(x - h * e)) / (2 * h) for e in np.eye(x.size)])
+    np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6)
+    # the value, up to a constant: hinge, the intercept's N(0, 1/0.3), N(0, sigma2_u) on the
+    # penalized columns, the IG(A, B) density of sigma2_u times its Jacobian sigma2_u
+
+    def reference(x):
+        f, s2 = f_rest + Xf @ x[:3], math.exp(x[3])
+        return (-2 * np.maximum(0, 1 - y * f).sum() + stats.norm(0, math.sqrt(1 / 0.3)).logpdf(x[0])
+                + stats.norm(0, math.sqrt(s2)).logpdf(x[1:3]).sum() + stats.invgamma(0.5, scale=0.7).logpdf(s2) + x[3])
+
+    other = np.r_[-1.1, 0.3, 0.2, math.log(0.4)]
+    assert value(x) - reference(x) == pytest.approx(value(other) - reference(other), abs=1e-9)
+    # outside the variance range: -inf
+    assert value(np.r_[x[:3], 1e3]) == -math.inf
+
+
+@pytest.fixture
+def imh_rejects(monkeypatch):
+    """The independence move rejects every proposal (still an exact kernel), so that the tuner
+    turns to HMC."""
+    monkeypatch.setattr(linear, "independence_steps", lambda *args: (-1, 0))
+
+
+def test_exact_posterior_with_the_hmc_move_kept(block_phases, imh_rejects):
+    """Intercept + penalized slope with the penalty inferred: the block (beta, log sigma2_u) moves
+    by HMC after tuning, and the draws match the quadrature marginals."""
+    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
+
+
+def test_exact_check_detects_an_hmc_move_without_the_kinetic_energy(block_phases, imh_rejects, monkeypatch):
+    """Accepting by the change of the log density alone (no kinetic energy in the Hamiltonian)
+    does not keep the posterior: rejected."""
+    monkeypatch.setattr(hmc, "kinetic_energy", lambda p: 0.0)
+    with pytest.raises(AssertionError):
+        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    assert all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases

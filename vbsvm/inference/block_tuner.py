@@ -1,0 +1,168 @@
+r"""Tuning of the fixed-effect block move of the linear Gibbs sampler: an independence proposal or
+HMC, fitted to the block's moments during tuning, or neither.
+
+Two moves use the block's covariance estimated from its tuning draws. The block independence
+Metropolis-Hastings move (:mod:`vbsvm.inference.independence`) evaluates its proposals in one
+matrix product, so where the block's posterior is close to Gaussian it gives a near-independent
+draw per sweep for one pass over the design. Where it is not (its acceptance rate falls below
+``min_accept`` as the block grows or the hinge bends the posterior: breast_cancer's 31
+coefficients, the Section 4.2 simulation with 50) Hamiltonian Monte Carlo with the covariance as
+metric (:mod:`vbsvm.inference.hmc`) still moves the block as a whole, at one pass per leapfrog
+step; and where neither is accepted the block keeps its slice moves along principal axes.
+
+**Schedule** (``tune`` sweeps; all of it during tuning, so the kept draws come from one fixed
+kernel). Moments are collected over ``[tune/16, 3 tune/4)``. At ``tune/4`` a first fit is tried
+while the collection goes on: the independence move every sweep and, once it has had
+:data:`EVIDENCE` proposals and its acceptance rate is below ``min_accept``, HMC with the step
+adapted by dual averaging. While either's acceptance so far reaches ``min_accept`` it replaces
+the slice moves (a poor move never leaves the block without them). At ``3 tune/4`` both are
+refitted from all the moments and tried again over the last quarter (the dual averaging
+restarted). At the last tuning sweep the independence move is kept if its acceptance rate over
+that trial reached ``min_accept``; otherwise HMC, with the averaged step, if its mean acceptance
+probability did; otherwise neither.
+
+The state lives in the sampler's state dict (numeric arrays only, so checkpoints carry it), under
+keys prefixed ``blk_`` (phase and moments), ``imh_`` and ``hmc_`` (each move's trial).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .hmc import STEP_JITTER, dual_average
+from .independence import StudentTProposal
+
+__all__ = ["BlockTuner"]
+
+#: proposals of the independence move after which its acceptance rate decides whether HMC runs
+EVIDENCE = 40
+
+
+class BlockTuner:
+    """Fits, tries and then keeps the independence move, HMC or neither for one block.
+
+    Parameters
+    ----------
+    dim : int
+        Size of the block.
+    df : float
+        Degrees of freedom of the independence move's t proposal.
+    min_accept : float
+        Acceptance rate (independence move) or mean acceptance probability (HMC) over the last
+        trial needed to keep a move.
+    min_tune : int
+        Shortest tuning phase over which the block is fitted.
+    """
+
+    COLLECTING, TRYING, KEPT_IMH, KEPT_HMC, DROPPED = 0, 1, 2, 3, 4
+
+    def __init__(self, dim, *, df=10.0, min_accept=0.2, min_tune=100):
+        self.dim, self.df, self.min_accept, self.min_tune = dim, float(df), float(min_accept), int(min_tune)
+
+    def initial_state(self) -> dict:
+        d = self.dim
+        return {"blk_phase": np.array(self.COLLECTING), "blk_count": np.array(0.0), "blk_sum": np.zeros(d),
+                "blk_outer": np.zeros((d, d)), "hmc_log_step": np.array(-0.25 * math.log(max(d, 1))),
+                **self._new_trial(-0.25 * math.log(max(d, 1)))}
+
+    @staticmethod
+    def _new_trial(log_step) -> dict:
+        return {"imh_tries": np.array(0.0), "imh_accepts": np.array(0.0), "hmc_tries": np.array(0.0),
+                "hmc_accepts": np.array(0.0), "hmc_mu": np.array(log_step + math.log(10.0)),
+                "hmc_h_bar": np.array(0.0), "hmc_log_step_bar": np.array(log_step)}
+
+    @staticmethod
+    def carry(state) -> dict:
+        """The tuner's entries of ``state`` (to copy into the next sweep's state)."""
+        return {k: v for k, v in state.items() if k[:4] in ("blk_", "imh_", "hmc_")}
+
+    @staticmethod
+    def phase(state) -> int:
+        return int(state["blk_phase"]) if "blk_phase" in state else BlockTuner.DROPPED
+
+    def _rate(self, state, move) -> float | None:
+        tries = float(state[f"{move}_tries"])
+        return float(state[f"{move}_accepts"]) / tries if tries > 0 else None
+
+    def _goes_well(self, state, move) -> bool:
+        rate = self._rate(state, move)
+        return rate is not None and rate >= self.min_accept
+
+    def imh_proposal(self, state) -> StudentTProposal | None:
+        """The independence move's proposal, if the sweep makes it (during a trial, or once kept)."""
+        if self.phase(state) not in (self.TRYING, self.KEPT_IMH):
+            return None
+        return StudentTProposal(state["blk_mean"], state["blk_chol"], self.df)
+
+    def runs_hmc(self, state) -> bool:
+        """Whether the sweep makes the HMC transition: once kept, and during a trial when the
+        independence move has had :data:`EVIDENCE` proposals and goes badly."""
+        phase = self.phase(state)
+        if phase == self.KEPT_HMC:
+            return True
+        return (phase == self.TRYING and float(state["imh_tries"]) >= EVIDENCE
+                and not self._goes_well(state, "imh"))
+
+    @staticmethod
+    def hmc_step(state, rng) -> float:
+        """This transition's step size: the adapted one times a jitter drawn from
+        :data:`~vbsvm.inference.hmc.STEP_JITTER`."""
+        return math.exp(float(state["hmc_log_step"])) * rng.uniform(*STEP_JITTER)
+
+    def replaces_slice_moves(self, state) -> bool:
+        """Whether the sweep may leave the block to the fitted moves alone: once one is kept, and
+        during a trial while one of them goes well."""
+        phase = self.phase(state)
+        if phase in (self.KEPT_IMH, self.KEPT_HMC):
+            return True
+        return phase == self.TRYING and (self._goes_well(state, "imh") or self._goes_well(state, "hmc"))
+
+    def record_imh(self, state, tries, accepted) -> dict:
+        """Count the independence move's proposals during a trial."""
+        if self.phase(state) != self.TRYING:
+            return state
+        return {**state, "imh_tries": state["imh_tries"] + tries, "imh_accepts": state["imh_accepts"] + accepted}
+
+    def record_hmc(self, state, accept_prob) -> dict:
+        """Count an HMC transition during a trial and adapt its step (:func:`~vbsvm.inference.hmc.dual_average`)."""
+        if self.phase(state) != self.TRYING:
+            return state
+        t = float(state["hmc_tries"]) + 1.0
+        h_bar, log_step, log_step_bar = dual_average(t, float(state["hmc_h_bar"]), float(state["hmc_mu"]),
+                                                     float(state["hmc_log_step_bar"]), accept_prob)
+        return {**state, "hmc_tries": np.array(t), "hmc_accepts": state["hmc_accepts"] + accept_prob,
+                "hmc_h_bar": np.array(h_bar), "hmc_log_step": np.array(log_step),
+                "hmc_log_step_bar": np.array(log_step_bar)}
+
+    def adapt(self, state, block, it, tune) -> dict:
+        """Update the tuner after tuning sweep ``it`` (of ``tune``) whose block value is ``block``
+        (the schedule of the module docstring)."""
+        state = dict(state)
+        phase = self.phase(state)
+        if tune < self.min_tune:
+            state["blk_phase"] = np.array(self.DROPPED)
+            return state
+        start, first_fit, refit = tune // 16, tune // 4, (3 * tune) // 4
+        if phase in (self.COLLECTING, self.TRYING) and start <= it < refit:
+            state["blk_count"] = state["blk_count"] + 1.0
+            state["blk_sum"] = state["blk_sum"] + block
+            state["blk_outer"] = state["blk_outer"] + np.outer(block, block)
+        if phase in (self.COLLECTING, self.TRYING) and it in (first_fit - 1, refit - 1):
+            n = float(state["blk_count"])
+            mean = state["blk_sum"] / n
+            cov = (state["blk_outer"] - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
+            try:
+                prop = StudentTProposal.from_moments(mean, cov, self.df)
+            except np.linalg.LinAlgError:
+                state["blk_phase"] = np.array(self.DROPPED)
+                return state
+            state.update(blk_phase=np.array(self.TRYING), blk_mean=prop.mean, blk_chol=prop.chol,
+                         **self._new_trial(float(state["hmc_log_step"])))
+        if phase == self.TRYING and it == tune - 1:
+            keep = (self.KEPT_IMH if self._goes_well(state, "imh") else
+                    self.KEPT_HMC if self._goes_well(state, "hmc") else self.DROPPED)
+            state["blk_phase"] = np.array(keep)
+            state["hmc_log_step"] = state["hmc_log_step_bar"]
+        return state
