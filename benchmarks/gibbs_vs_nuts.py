@@ -54,6 +54,7 @@ Usage::
     python benchmarks/gibbs_vs_nuts.py                 # both tables, full settings
     python benchmarks/gibbs_vs_nuts.py --quick         # smoke run, *_quick.{json,md}
     python benchmarks/gibbs_vs_nuts.py --only spam --table nuts --nuts-draws spam=1000
+    python benchmarks/gibbs_vs_nuts.py --table nuts --repeats 3   # each pair 3 times, interleaved
     python benchmarks/gibbs_vs_nuts.py --list
 
 With ``--only`` the named rows replace their old rows in the existing result files, so one data set
@@ -379,27 +380,40 @@ def agreement(gibbs: pd.DataFrame, nuts: pd.DataFrame) -> pd.DataFrame:
 # --------------------------------------------------------------------------- tables
 
 
-def compare_one(problem: Problem, *, chains, draws, tune, nuts_draws, nuts_tune, seed) -> dict:
-    """Gibbs then NUTS on one problem, back to back."""
+def compare_one(problem: Problem, *, chains, draws, tune, nuts_draws, nuts_tune, seed, repeats=1) -> dict:
+    """Gibbs then NUTS on one problem, back to back, ``repeats`` times (seeds ``seed``,
+    ``seed + 1``, ...: the two samplers interleaved, so that a change of the machine's load falls
+    on both). The row reports the repeat with the median ratio and keeps every repeat's times,
+    ESS and ratio under ``repeats``."""
     df = problem.load()
     design = build_design(problem.formula, df)
-    load_before = load_average()
-    _, g_tab, g_sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed,
-                                max_draws=draws)
-    n_tab, n_sec, extra = run_nuts(problem, design, chains=chains, draws=nuts_draws, tune=nuts_tune, seed=seed,
-                                    centred=problem.nuts_centred)
-    agree = agreement(g_tab, n_tab)
-    gibbs, nuts = worst(g_tab, g_sec), worst(n_tab, n_sec)
+    runs = []
+    for r in range(repeats):
+        load_before = load_average()
+        _, g_tab, g_sec = run_gibbs(problem, df, chains=chains, draws=draws, tune=tune, seed=seed + r,
+                                    max_draws=draws)
+        n_tab, n_sec, extra = run_nuts(problem, design, chains=chains, draws=nuts_draws, tune=nuts_tune,
+                                        seed=seed + r, centred=problem.nuts_centred)
+        gibbs, nuts = worst(g_tab, g_sec), worst(n_tab, n_sec)
+        runs.append({"seed": seed + r, "gibbs": gibbs, "nuts": nuts, "extra": extra, "g_tab": g_tab, "n_tab": n_tab,
+                     "ratio": gibbs["min_ess_per_second"] / nuts["min_ess_per_second"],
+                     "load_average": [load_before, load_average()]})
+    median = sorted(runs, key=lambda run: run["ratio"])[(len(runs) - 1) // 2]
+    gibbs, nuts, extra, load_before = median["gibbs"], median["nuts"], median["extra"], median["load_average"][0]
+    agree = agreement(median["g_tab"], median["n_tab"])
     return {
         "name": problem.name, "formula": problem.formula, "penalty": problem.penalty,
         "nuts_random_intercepts": ("centred" if problem.nuts_centred else "non-centred") if design.groups else None,
         "n": design.n, "p": design.p, "levels": {g.name: g.n_levels for g in design.groups},
         "gibbs": {**gibbs, "chains": chains, "draws": draws, "tune": tune},
         "nuts": {**nuts, **extra, "chains": chains, "draws": nuts_draws, "tune": nuts_tune},
-        "ratio": gibbs["min_ess_per_second"] / nuts["min_ess_per_second"],
+        "ratio": median["ratio"], "seed": median["seed"],
+        "repeats": [{"seed": run["seed"], "ratio": run["ratio"], "load_average": run["load_average"],
+                     **{f"{k}_{v}": run[k][v] for k in ("gibbs", "nuts")
+                        for v in ("seconds", "min_ess_bulk", "min_ess_per_second")}} for run in runs],
         "max_abs_z": float(agree["z"].abs().max()),
         "agreement": agree.reset_index().to_dict(orient="list"),
-        "load_average": [load_before, load_average()],
+        "load_average": median["load_average"],
         "measured_at": _now(),
     }
 
@@ -426,8 +440,9 @@ def _now() -> str:
 def markdown_nuts(rows: list, heading: str) -> str:
     out = [heading, "",
            "| data set | n x p | Gibbs s | Gibbs min ESS (param) | Gibbs ESS/s | NUTS draws | NUTS s | "
-           "NUTS min ESS (param) | NUTS ESS/s | Gibbs/NUTS | max R-hat G / N | NUTS div. | NUTS steps | max abs z | load |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "NUTS min ESS (param) | NUTS ESS/s | Gibbs/NUTS | over repeats | max R-hat G / N | NUTS div. | NUTS steps | "
+           "max abs z | load |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         g, n = r["gibbs"], r["nuts"]
         out.append(
@@ -435,9 +450,17 @@ def markdown_nuts(rows: list, heading: str) -> str:
             f"{g['seconds']:.1f} | {g['min_ess_bulk']:.0f} ({g['min_ess_parameter']}) | {g['min_ess_per_second']:.1f} | "
             f"{n['chains']} x {n['draws']} / {n['tune']} | {n['seconds']:.1f} | "
             f"{n['min_ess_bulk']:.0f} ({n['min_ess_parameter']}) | {n['min_ess_per_second']:.2f} | "
-            f"**{r['ratio']:.1f}x** | {g['max_rhat']:.3f} / {n['max_rhat']:.3f} | {n['divergences']} | "
+            f"**{r['ratio']:.1f}x** | {_over_repeats(r)} | {g['max_rhat']:.3f} / {n['max_rhat']:.3f} | {n['divergences']} | "
             f"{n['mean_leapfrog_steps']:.0f} | {r['max_abs_z']:.1f} | {r['load_average'][0]:.1f} |")
     return "\n".join(out)
+
+
+def _over_repeats(row: dict) -> str:
+    """``median (min-max), R runs`` of the ratio, or ``1 run``."""
+    ratios = [run["ratio"] for run in row.get("repeats", [])]
+    if len(ratios) < 2:
+        return "1 run"
+    return f"{np.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f}), {len(ratios)} runs"
 
 
 def markdown_agreement(row: dict) -> str:
@@ -477,7 +500,9 @@ def nuts_report(rows: list, settings: dict) -> str:
     text += ("\n\nESS over fixed effects (original scale) and variance components; wall seconds include NUTS "
              "compilation (`compile_run_seconds` in the JSON: a 1 x (2 after 2) NUTS run made before). `NUTS steps`: "
              "mean leapfrog steps per draw. `max abs z`: largest |Gibbs mean - NUTS mean| / joint MCSE. `load`: "
-             "1-minute load average on the 2-core machine when the row started.")
+             "1-minute load average on the 2-core machine when the row started. `over repeats`: with `--repeats R` "
+             "each row runs Gibbs and NUTS back to back R times (seeds seed, seed + 1, ...), the row shows the repeat "
+             "with the median ratio, and this column the median and range of the ratio.")
     for r in rows:
         for var, means in r["nuts"].get("variance_chain_means", {}).items():
             if max(means) > 10 * min(means):
@@ -521,8 +546,19 @@ def environment() -> dict:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
-    return {"python": platform.python_version(), "cpus": os.cpu_count(), "versions": versions,
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "cpu": _cpu_model(), "versions": versions,
             "vbsvm_commit": _git_commit(), "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS")}
+
+
+def _cpu_model():
+    """The CPU's model name (Linux), so that rows measured on different machines can be told apart."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def _git_commit():
@@ -567,6 +603,8 @@ def main(argv=None):
     p.add_argument("--nuts-draws", action="append", metavar="NAME=DRAWS[:TUNE]",
                    help="fewer NUTS draws for one data set (e.g. spam=1000:500); ESS per second is compared")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="Gibbs vs NUTS table: run each pair this many times, interleaved (seeds seed, seed + 1, ...)")
     p.add_argument("--list", action="store_true", help="list the row names and exit")
     p.add_argument("--report", action="store_true", help="rewrite the .md files from the JSON files and exit")
     args = p.parse_args(argv)
@@ -608,9 +646,10 @@ def main(argv=None):
             print(f"[nuts] {q.name}: Gibbs {args.chains} x {draws} / {tune}, NUTS {args.chains} x {nd} / {nt or tune}",
                   file=sys.stderr, flush=True)
             row = compare_one(q, chains=args.chains, draws=draws, tune=tune, nuts_draws=nd,
-                              nuts_tune=tune if nt is None else nt, seed=args.seed)
+                              nuts_tune=tune if nt is None else nt, seed=args.seed, repeats=args.repeats)
             print(f"  Gibbs {row['gibbs']['min_ess_per_second']:.1f} ESS/s, NUTS {row['nuts']['min_ess_per_second']:.2f} "
-                  f"ESS/s, ratio {row['ratio']:.1f}, max |z| {row['max_abs_z']:.2f}", file=sys.stderr, flush=True)
+                  f"ESS/s, ratio {row['ratio']:.1f} ({_over_repeats(row)}), max |z| {row['max_abs_z']:.2f}",
+                  file=sys.stderr, flush=True)
             rows.append(row)
         path = RESULTS / f"gibbs_vs_nuts{suffix}.json"
         rows = merge(path, rows, [q.name for q in NUTS_PROBLEMS])

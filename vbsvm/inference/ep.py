@@ -1111,7 +1111,7 @@ def corrected_marginals(fit, model, L, z=None):
     """
     z = MARGINAL_Z if z is None else np.asarray(z, dtype=float)
     mu = L @ fit.mean[: model.qd]
-    svar = np.einsum("kj,jl,kl->k", L, fit.post.cov_dense(), L)
+    svar = np.sum((L @ fit.post.cov_dense()) * L, axis=1)  # diag(L S L^T) by BLAS (a 3-operand einsum is O(q^3) in C loops)
     sd = np.sqrt(np.maximum(svar, 0.0))
     lp = -0.5 * z * z + log_site_corrections(fit, model, L, mu[:, None] + sd[:, None] * z[None, :])
     w = np.exp(lp - lp.max(axis=1, keepdims=True))
@@ -1157,25 +1157,27 @@ def log_site_corrections(fit, model, L, X):
 
 # --------------------------------------------------------------------------- entry point
 def _moments(grid, model, M):
-    """Mixture moments of theta on the scale ``theta_dense -> M theta_dense``."""
+    """Mixture moments of theta on the scale ``theta_dense -> M theta_dense``. The second moments
+    are mixed on the fitted scale and mapped by ``M`` once (the map is linear), not per grid point:
+    at q = 2001 and 67 grid points the per-point products took 35 of a 56 s fit."""
     qd = model.qd
     w = grid.weights
-    means = np.array([f.mean for f in grid.fits])  # (G, q)
-    means[:, :qd] = means[:, :qd] @ M.T
+    raw = np.array([f.mean for f in grid.fits])  # (G, q), fitted scale
+    means = raw.copy()
+    means[:, :qd] = raw[:, :qd] @ M.T
     mean = w @ means
-    cov_d = np.zeros((qd, qd))
-    cov_ds = np.zeros((qd, model.q - qd))
+    second_d = np.zeros((qd, qd))
+    second_ds = np.zeros((qd, model.q - qd))
     var = np.zeros(model.q)
-    for wk, f, mu in zip(w, grid.fits, means):
+    for wk, f, mu in zip(w, grid.fits, raw):
         if wk < 1e-12:
             continue
-        cd = M @ f.post.cov_dense() @ M.T
-        cov_d += wk * (cd + np.outer(mu[:qd], mu[:qd]))
+        second_d += wk * (f.post.cov_dense() + np.outer(mu[:qd], mu[:qd]))
         if model.m_sparse:
-            cov_ds += wk * (M @ f.post.cov_dense_sparse() + np.outer(mu[:qd], mu[qd:]))
+            second_ds += wk * (f.post.cov_dense_sparse() + np.outer(mu[:qd], mu[qd:]))
         var[qd:] += wk * (f.diag_cov[qd:] + mu[qd:] ** 2)
-    cov_d -= np.outer(mean[:qd], mean[:qd])
-    cov_ds -= np.outer(mean[:qd], mean[qd:])
+    cov_d = M @ second_d @ M.T - np.outer(mean[:qd], mean[:qd])
+    cov_ds = M @ second_ds - np.outer(mean[:qd], mean[qd:])
     var[qd:] -= mean[qd:] ** 2
     var[:qd] = np.diag(cov_d)
     return mean, var, cov_d, cov_ds, means
@@ -1248,7 +1250,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
             top = grid.fits[int(np.argmax(grid.weights))]
             c_mean, c_sd = corrected_marginals(top, model, M)
             e_mean = M @ top.mean[: model.qd]
-            e_sd = np.sqrt(np.einsum("kj,jl,kl->k", M, top.post.cov_dense(), M))
+            e_sd = np.sqrt(np.sum((M @ top.post.cov_dense()) * M, axis=1))
             shift = c_mean - e_mean
             ratio = np.where(e_sd > 0, c_sd / np.where(e_sd > 0, e_sd, 1.0), 1.0)
             qd = model.qd
