@@ -508,6 +508,12 @@ def nuts_report(rows: list, settings: dict) -> str:
             if max(means) > 10 * min(means):
                 text += (f"\n\n{r['name']}: NUTS chains disagree on {var} (chain means "
                          f"{', '.join(f'{m:.3g}' for m in means)}); its NUTS row measures stuck chains.")
+        ratios = [run["ratio"] for run in r.get("repeats", [])]
+        if len(ratios) > 1 and max(ratios) > 10 * min(ratios):
+            text += (f"\n\n{r['name']}: the repeats differ by more than 10x: " + "; ".join(
+                f"seed {run['seed']}: {run['ratio']:.1f}x (NUTS min ESS {run['nuts_min_ess_bulk']:.0f} in "
+                f"{run['nuts_seconds']:.1f} s, Gibbs {run['gibbs_min_ess_bulk']:.0f} in {run['gibbs_seconds']:.1f} s)"
+                for run in r["repeats"]) + ".")
     heart = [r for r in rows if r["name"] == "heart"]
     if heart:
         text += "\n\n" + markdown_agreement(heart[0])

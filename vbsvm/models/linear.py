@@ -652,7 +652,8 @@ class LinearSVMModel:
         self._fixed_width = 3.0 / np.maximum([np.sqrt(np.add.reduce(X[:, j] * X[:, j])) for j in range(p)], 1e-12)
         # the block of the independence and HMC moves: the fixed effects and the log of each variance
         # that governs fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
-        self._block_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p], dtype=int)
+        self._block_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p],
+                                         dtype=int)
         self._block_fixed_tau = np.zeros(p)
         for c in self.components:
             if c.kind == "fixed" and c.index[0] < p:
