@@ -205,3 +205,14 @@ def test_found_by_fuzzing_gibbs_imputation_without_missing_cells():
         imputed = fit("y ~ x0", df, {"method": "gibbs", "penalty": "auto", "missing": "impute",
                                      "standardize": False})
     assert len(imputed.imputed) == 0
+
+
+def test_found_by_fuzzing_log_likelihood_of_an_imputed_fit_without_missing_cells():
+    """``missing="impute"`` on complete rows: the pointwise log likelihood (which ``compare`` and
+    ``to_arviz`` build) has no imputed entries to add (it raised a reshape ValueError)."""
+    df = pd.DataFrame({"y": [0, 0, 1, 0, 0, 0, 0], "x0": [0, 0, 1, 0, 0, 0, 0]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        imputed = fit("y ~ x0", df, {"method": "vb", "penalty": "auto", "missing": "impute", "standardize": False})
+    ll = imputed.to_arviz()["log_likelihood"]["y"]
+    assert ll.shape[-1] == len(df) and np.all(np.isfinite(ll.values))

@@ -276,9 +276,10 @@ class ImputedFit(Fit):
         # every design entry of a missing cell is e_off + e_slope x (dense holds e_off): add the
         # coefficient times e_slope x, summed by row
         E = comp.e_cell.size
-        to_rows = sparse.csr_matrix((np.ones(E), (comp.e_row, np.arange(E))), shape=(dense.shape[0], E))
-        contrib = theta[..., comp.e_col] * comp.e_slope * x[..., comp.e_cell]
-        F += (to_rows @ contrib.reshape(-1, E).T).T.reshape(F.shape)
+        if E:  # (no design entry of a missing cell when the training rows were complete)
+            to_rows = sparse.csr_matrix((np.ones(E), (comp.e_row, np.arange(E))), shape=(dense.shape[0], E))
+            contrib = theta[..., comp.e_col] * comp.e_slope * x[..., comp.e_cell]
+            F += (to_rows @ contrib.reshape(-1, E).T).T.reshape(F.shape)
         return xr.Dataset({"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
                           attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}",
                                  "imputations": "incomplete rows completed with each draw's imputations"})
