@@ -116,6 +116,24 @@ def test_marginal_target_gradient_matches_finite_differences():
     assert value(np.r_[x[:3], 1e3]) == -math.inf
 
 
+def test_the_batched_target_of_the_independence_move_is_the_same_density():
+    """``_imh_log_target`` (many points, no gradient) and ``_hmc_log_target`` state one density
+    twice: they agree, also outside the variance range (-inf)."""
+    rng = np.random.default_rng(5)
+    n = 40
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    model = linear.LinearSVMModel(X, y, [], np.r_[0.3, np.nan, np.nan], A=0.5, B=0.7)
+    Xf = model.Cd[:, : model.p]
+    pts = rng.normal(size=(4, 5)) * np.array([[1.0], [1.0], [1.0], [2.0]])  # columns (beta, log sigma2_u)
+    pts[3, -1] = 1e3
+    F = Xf @ pts[:3]
+    batched = model._imh_log_target(pts, F)
+    single = [model._hmc_log_target(pts[:, k], F[:, k], Xf)[0] for k in range(pts.shape[1])]
+    np.testing.assert_allclose(batched, single, rtol=1e-12)
+    assert batched[-1] == -math.inf
+
+
 @pytest.fixture
 def imh_rejects(monkeypatch):
     """The independence move rejects every proposal (still an exact kernel), so that the tuner

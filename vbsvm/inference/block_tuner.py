@@ -63,9 +63,9 @@ class BlockTuner:
 
     def initial_state(self) -> dict:
         d = self.dim
+        log_step = -0.25 * math.log(max(d, 1))  # the optimal step of HMC shrinks as d^(-1/4)
         return {"blk_phase": np.array(self.COLLECTING), "blk_count": np.array(0.0), "blk_sum": np.zeros(d),
-                "blk_outer": np.zeros((d, d)), "hmc_log_step": np.array(-0.25 * math.log(max(d, 1))),
-                **self._new_trial(-0.25 * math.log(max(d, 1)))}
+                "blk_outer": np.zeros((d, d)), "hmc_log_step": np.array(log_step), **self._new_trial(log_step)}
 
     @staticmethod
     def _new_trial(log_step) -> dict:
