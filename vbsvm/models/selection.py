@@ -47,7 +47,7 @@ fits, and the other coefficients hold the fit they had with or without term k). 
 :meth:`LaplaceZeroModel.collapsed_indicators`), then theta given the new indicators, a partially
 collapsed Gibbs sampler (van Dyk & Park 2008). On toenail with ``LaplaceZero(0.1)`` and random
 intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafine`` indicator
-from 14 to 62; the random effects then move as in the linear model (non-centred variance,
+from 14 to 62; the random effects then move as in the linear model (partially non-centred variance,
 shift, levels; the levels of terms with slopes in whitened coordinates:
 :meth:`LaplaceZeroModel.random_effect_moves`).
 
@@ -166,6 +166,7 @@ from ..distributions import Bernoulli, InverseGamma, InverseGaussian
 from ..exceptions import InputError, InputTypeError
 from . import hinge
 from ..spd import spd_inverse
+from ..inference.partial_noncentring import ExponentTuner
 from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram
 
 __all__ = ["LaplaceZeroModel", "SelectionPosterior", "selection_setup", "selectable_columns"]
@@ -575,7 +576,8 @@ class LaplaceZeroModel:
                 "flip_sq": np.zeros(self.m), "flip_loc": np.zeros(self.m), "flip_scale": np.ones(self.m),
                 "flip_cmean": np.zeros(self.m), "flip_cvar": np.ones(self.m),
                 "flip_coupling": np.zeros((self.m, self.qd)), "flip_csum": np.zeros((self.m, self.qd)),
-                "flip_shift": np.zeros((self.m, self.qd))}
+                "flip_shift": np.zeros((self.m, self.qd)),
+                **(self.base._exponents.initial_state() if self.base._level_codes else {})}
 
     def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
         r"""Draw the indicators one at a time with every coefficient integrated out given w.
@@ -657,10 +659,11 @@ class LaplaceZeroModel:
             Mh = M @ h
         return IndicatorDraw(gam, logits, cmean, cvar, coupling)
 
-    def random_effect_moves(self, theta, gamma, sigma2, covariance_precisions, rng):
+    def random_effect_moves(self, theta, gamma, sigma2, covariance_precisions, rng, exponents=None):
         """The linear model's marginal moves of the random effects (augmentation weights
         integrated out; :meth:`~vbsvm.models.linear.LinearSVMModel.marginal_moves`): each
-        random-intercept variance non-centred, the intercept-versus-levels shift and the levels,
+        random-intercept variance non-centred (partially, with ``exponents[k]`` where given), the
+        intercept-versus-levels shift and the levels,
         :attr:`~vbsvm.models.linear.LinearSVMModel.level_rounds` times; then the levels of the
         terms with slopes given their covariances (the inverses of ``covariance_precisions``;
         :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_slope_levels`). They touch the
@@ -677,7 +680,7 @@ class LaplaceZeroModel:
         sigma2 = np.array(sigma2, dtype=float, copy=True)
         for _ in range(base.level_rounds if base._shiftable else 0):
             for k, _index in base._shiftable:
-                u, f, sigma2 = base._rescale_variance(k, u, f, sigma2, rng)
+                u, f, sigma2 = base._rescale_variance(k, u, f, sigma2, rng, (exponents or {}).get(k))
             u = base._shift_location(u, sigma2, rng)
             u, f = base._redraw_levels(u, base.predictor(u), sigma2, rng)
         if base._slope_terms:
@@ -742,7 +745,14 @@ class LaplaceZeroModel:
         """Called by the engine after each tuning sweep (never after tuning): over the first half
         of tuning, collect the moments of each coefficient's conditional as if included (from
         :meth:`collapsed_indicators`), then fix the add/delete proposals of :meth:`flip_moves`
-        (a t with their mixture's mean and an inflated sd) and switch the move on."""
+        (a t with their mixture's mean and an inflated sd) and switch the move on; and fit the
+        exponents of the random-intercept variances' partially non-centred move as the linear
+        model does (:meth:`~vbsvm.models.linear.LinearSVMModel.gibbs_adapt`)."""
+        base = self.base
+        if base._level_codes and "theta" in state:
+            ks = list(base._level_codes)
+            levels = np.concatenate([state["theta"][base.variance_components[k].index] for k in ks])
+            state = base._exponents.adapt(state, levels, np.asarray(state["sigma2"])[ks], it, tune)
         half = tune // 2
         if it >= half or half < self.FLIP_MIN_SWEEPS or "flip_n" not in state:
             return state
@@ -833,7 +843,7 @@ class LaplaceZeroModel:
         draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
         gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
-        theta, f = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng)
+        theta, f = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng, self.base._level_exponents(state))
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
@@ -851,7 +861,8 @@ class LaplaceZeroModel:
         return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
                 "Lam": [spd_inverse(S) for S in Sigmas],
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
-                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **flips}
+                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **flips,
+                **ExponentTuner.carry(state)}
 
 
 def selection_setup(design, settings, prior):
