@@ -585,3 +585,24 @@ def test_sample_shapes():
     assert g.chi[0] == 1.0
     with pytest.raises(ValueError):
         g.chi[0] = 5.0
+
+
+# --------------------------------------------------------------------------- truncated normal
+@pytest.mark.parametrize("mean,sd,low,high", [
+    (0.0, 1.0, -np.inf, np.inf), (0.0, 1.0, -0.5, 2.0), (1.0, 2.0, 3.0, np.inf), (0.0, 1.0, -np.inf, -6.0),
+    (0.0, 1.0, 40.0, 41.0), (-3.0, 0.5, -np.inf, -40.0), (2.0, 3.0, 1.999, 2.001)])
+def test_truncated_normal_ks_against_scipy(mean, sd, low, high):
+    """KS against scipy's truncnorm, far into either tail included (where Phi rounds to 0 or 1),
+    and every draw inside the interval."""
+    rng = np.random.default_rng(4)
+    x = D.sample_truncated_normal(np.full(4000, mean), sd, low, high, rng)
+    assert np.all((x >= low) & (x <= high))
+    ref = st.truncnorm((low - mean) / sd, (high - mean) / sd, loc=mean, scale=sd)
+    assert st.kstest(x, ref.cdf).pvalue > 1e-3
+
+
+def test_truncated_normal_broadcasts_and_same_seed_same_draws():
+    low = np.array([-1.0, 0.0, 5.0])
+    a = D.sample_truncated_normal(0.0, 1.0, low, low + 1.0, np.random.default_rng(1))
+    b = D.sample_truncated_normal(0.0, 1.0, low, low + 1.0, np.random.default_rng(1))
+    assert a.shape == (3,) and np.array_equal(a, b) and np.all((a >= low) & (a <= low + 1.0))

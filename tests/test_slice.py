@@ -1,4 +1,4 @@
-"""The univariate slice samplers of :mod:`vbsvm.inference.slice`: distribution and bookkeeping."""
+"""The univariate slice sampler of :mod:`vbsvm.inference.slice`: distribution and bookkeeping."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vbsvm.inference.slice import slice_sample, slice_sample_independent
+from vbsvm.inference.slice import slice_sample
 
 
 def _chain(logp, x0, n, seed, width, known=False):
@@ -42,17 +42,3 @@ def test_known_current_density_changes_nothing_but_the_count():
     known = _chain(logp, 0.5, 300, seed=5, width=2.0, known=True)
     np.testing.assert_array_equal(plain, known)
     assert n_plain - calls["n"] == 300
-
-
-def test_independent_slices_match_one_at_a_time_targets():
-    """Vectorized slices of independent coordinates (normal targets with sds 0.1, 1, 10) give
-    each coordinate its own distribution."""
-    sd = np.array([0.1, 1.0, 10.0])
-    rng = np.random.default_rng(8)
-    x, draws = np.zeros(3), []
-    for _ in range(8000):
-        x = slice_sample_independent(lambda u: -0.5 * (u / sd) ** 2, x, rng, width=1.0)
-        draws.append(x)
-    draws = np.array(draws[1000::4]) / sd
-    for j in range(3):
-        assert stats.kstest(draws[:, j], "norm").pvalue > 1e-3

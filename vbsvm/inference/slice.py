@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-__all__ = ["slice_sample", "slice_sample_independent"]
+__all__ = ["slice_sample"]
 
 
 def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64, logp_x0=None):
@@ -63,45 +63,3 @@ def slice_sample(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64, logp_
         else:
             right = x
     return x0, f0
-
-
-def slice_sample_independent(logp, x0, rng, *, width=1.0, max_steps=16, max_shrink=64):
-    """Slice-sampling updates of many independent scalars at once.
-
-    ``logp(x)`` returns the vector of log densities of the coordinates of ``x`` (coordinate j
-    depends on ``x[j]`` only), so each coordinate gets its own slice, stepping out and
-    shrinkage exactly as :func:`slice_sample`, all in vectorized passes.
-
-    Returns
-    -------
-    x : numpy.ndarray
-    """
-    x0 = np.asarray(x0, dtype=float)
-    level = logp(x0) + np.log(rng.random(x0.shape))
-    left = x0 - width * rng.random(x0.shape)
-    right = left + width
-    j = np.floor(max_steps * rng.random(x0.shape))
-    k = max_steps - 1 - j
-    grow = (j > 0) & (logp(left) > level)
-    while grow.any():
-        left = np.where(grow, left - width, left)
-        j -= grow
-        grow = grow & (j > 0) & (logp(left) > level)
-    grow = (k > 0) & (logp(right) > level)
-    while grow.any():
-        right = np.where(grow, right + width, right)
-        k -= grow
-        grow = grow & (k > 0) & (logp(right) > level)
-    x = x0.copy()
-    todo = np.ones(x0.shape, dtype=bool)
-    for _ in range(max_shrink):
-        trial = left + (right - left) * rng.random(x0.shape)
-        ok = todo & (logp(np.where(todo, trial, x)) > level)
-        x = np.where(ok, trial, x)
-        todo &= ~ok
-        if not todo.any():
-            break
-        below = todo & (trial < x0)
-        left = np.where(below, trial, left)
-        right = np.where(todo & ~below, trial, right)
-    return x

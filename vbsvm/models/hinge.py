@@ -35,9 +35,12 @@ using :math:`\log K_{1/2}(z) = \tfrac12 \log(\pi / 2z) - z` (all constants cance
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
-from ..distributions import GIG, InverseGaussian
+import numpy as np
+from scipy.special import log_ndtr
+
+from ..distributions import GIG, InverseGaussian, sample_truncated_normal
 
 __all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response"]
 
@@ -118,3 +121,102 @@ def sample_inverse(y, f, rng):
 def working_response(y, w):
     """Shift vector ``y_i (1 + w_i)`` of the Gaussian working likelihood."""
     return y * (1.0 + w)
+
+
+class GroupLayout:
+    """The intervals of :func:`sample_offsets` for fixed groups: group l's ``n_l`` rows cut the
+    line into ``n_l + 1`` intervals, laid out group after group (``n + m`` in all). Built once per
+    grouping; only the order of the kinks within each group changes from draw to draw.
+
+    Parameters
+    ----------
+    codes : ndarray of int (n,)
+        Group of each row, in ``[0, m)``.
+    m : int
+    """
+
+    def __init__(self, codes, m):
+        self.codes, self.m = np.asarray(codes, dtype=np.int64), int(m)
+        #: the codes in the narrowest integer type (numpy's stable sort is a radix sort for them)
+        self.sort_codes = self.codes.astype(np.int16 if self.m < 2 ** 15 else np.int64)
+        counts = np.bincount(self.codes, minlength=self.m)
+        #: first sorted row of each group (and n at the end)
+        self.row_start = np.concatenate([[0], np.cumsum(counts)])
+        #: first interval of each group
+        self.interval_start = np.concatenate([[0], np.cumsum(counts + 1)])[:-1]
+        self.group = np.repeat(np.arange(self.m), counts + 1)
+        below = np.arange(self.group.size) - self.interval_start[self.group]  # rows of the group below
+        #: sorted row just above each interval (its upper kink), and whether it has a lower/upper kink
+        self.row = self.row_start[self.group] + below
+        self.has_low, self.has_high = below > 0, below < counts[self.group]
+        self.first_row = self.row_start[self.group]
+
+
+def sample_offsets(gap, slope, layout, prior_var, rng):
+    r"""Exact draws of one scalar per group from its marginal (augmentation-free) conditional.
+
+    Group l's scalar :math:`u_l` has prior :math:`N(0, \sigma^2)` (``prior_var``) and moves the
+    scores of its rows so that row i's margin gap is ``gap_i - slope_i u_l``: for a random
+    intercept ``gap_i = 1 - y_i f_{-l,i}`` and ``slope_i = y_i``. The density
+
+    .. math::
+
+        p(u_l \mid \cdot) \propto \exp\Big\{-\frac{u_l^2}{2\sigma^2}
+            - 2 \sum_{i \in l} (\mathrm{gap}_i - \mathrm{slope}_i u_l)_+\Big\}
+
+    is a normal times the exponential of a piecewise-linear function whose kinks are the rows'
+    ``k_i = gap_i / slope_i``: between consecutive kinks it is
+    :math:`\exp\{-u^2/(2\sigma^2) + \beta u + \gamma\}` with :math:`\beta = 2 \sum \mathrm{slope}_i`
+    and :math:`\gamma = -2 \sum \mathrm{gap}_i` over the rows in the hinge there (slope > 0 with
+    kink above u, slope < 0 with kink below), i.e. a normal :math:`N(\sigma^2\beta, \sigma^2)`
+    restricted to the interval, with mass
+    :math:`\exp(\sigma^2\beta^2/2 + \gamma)\,[\Phi(b) - \Phi(a)]` (up to a common factor). The
+    draw picks an interval by these masses (Gumbel-max, log space) and then a truncated normal in
+    it (:func:`~vbsvm.distributions.sample_truncated_normal`): an exact Gibbs step, where a slice
+    move is one step of a chain. All groups at once: one sort of the n kinks and a few passes
+    over the ``n + m`` intervals (:class:`GroupLayout`). A row with ``slope_i = 0`` does not
+    depend on u_l; its kink is put at ``+inf`` (an empty interval).
+
+    Parameters
+    ----------
+    gap, slope : ndarray (n,)
+    layout : GroupLayout
+        The groups of the rows.
+    prior_var : float
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    numpy.ndarray (m,)
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kink = np.where(slope != 0.0, gap / slope, np.inf)
+    by_kink = np.argsort(kink)
+    order = by_kink[np.argsort(layout.sort_codes[by_kink], kind="stable")]  # by group, then kink
+    up = slope > 0.0
+    # beta = 2 (sum of slope over the up rows above + down rows below) = 2 (up total + sum below
+    # of -slope (up) or slope (down)); gamma likewise with gap: two prefix sums over sorted rows
+    signed = np.zeros((2, kink.size + 1))
+    np.cumsum(np.where(up, -slope, slope)[order], out=signed[0, 1:])
+    np.cumsum(np.where(up, -gap, gap)[order], out=signed[1, 1:])
+    up_total = np.stack([np.bincount(layout.codes, np.where(up, slope, 0.0), minlength=layout.m),
+                         np.bincount(layout.codes, np.where(up, gap, 0.0), minlength=layout.m)])
+    below = signed[:, layout.row] - signed[:, layout.first_row] + up_total[:, layout.group]
+    beta, gamma = 2.0 * below[0], -2.0 * below[1]
+    kink = kink[order]
+    kinks = np.append(kink, np.inf)
+    low = np.where(layout.has_low, kinks[layout.row - 1], -np.inf)
+    high = np.where(layout.has_high, kinks[layout.row], np.inf)
+    sd = math.sqrt(prior_var)
+    mean = prior_var * beta
+    a, b = (low - mean) / sd, (high - mean) / sd
+    reflect = a > 0.0
+    a, b = np.where(reflect, -b, a), np.where(reflect, -a, b)
+    log_a, log_b = log_ndtr(a), log_ndtr(b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_mass = 0.5 * prior_var * beta * beta + gamma + log_b + np.log(-np.expm1(log_a - log_b))
+    score = np.where(high > low, log_mass, -np.inf) + rng.gumbel(size=log_mass.shape)
+    best = np.maximum.reduceat(score, layout.interval_start)
+    chosen = np.flatnonzero(score == best[layout.group])
+    chosen = chosen[np.concatenate([[True], np.diff(layout.group[chosen]) != 0])]
+    return sample_truncated_normal(mean[chosen], sd, low[chosen], high[chosen], rng)

@@ -61,7 +61,7 @@ from ..inference.block_tuner import BlockTuner
 from ..inference.hmc import hmc_transition, trajectory_steps
 from ..inference.independence import independence_steps
 from ..inference.partial_noncentring import ExponentTuner
-from ..inference.slice import slice_sample, slice_sample_independent
+from ..inference.slice import slice_sample
 from . import hinge
 
 __all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision", "random_effect_terms",
@@ -668,9 +668,13 @@ class LinearSVMModel:
         self._level_codes = {k: codes for k, c in enumerate(self.variance_components)
                              for codes, m, name, Z in terms if c.name == f"sigma2_{name}" and np.all(Z == 1.0)}
         self._exponents = ExponentTuner([self.variance_components[k].index.size for k in self._level_codes])
-        #: (covariance component, level of each row, the term's columns) of every term with q > 1
+        #: variance index -> the level layout of the exact level draws (:meth:`_redraw_levels`)
+        self._level_layouts = {k: hinge.GroupLayout(codes, self.variance_components[k].index.size)
+                               for k, codes in self._level_codes.items()}
+        #: (covariance component, level of each row, the term's columns, their layout) of every term with q > 1
         #: columns, for the Gibbs move of their levels (:meth:`_redraw_slope_levels`)
-        self._slope_terms = [(c, codes, np.asarray(Z, dtype=float)) for c in self.covariance_components
+        self._slope_terms = [(c, codes, np.asarray(Z, dtype=float), hinge.GroupLayout(codes, m))
+                             for c in self.covariance_components
                              for codes, m, name, Z in terms if c.name == f"Sigma_{name}"]
         self._diagonal_prior = np.ones(self.q, dtype=bool)
         for c in self.covariance_components:
@@ -981,20 +985,14 @@ class LinearSVMModel:
     def _redraw_levels(self, theta, f, sigma2, rng):
         """Marginal (w integrated out) update of the levels of every random-intercept term: given
         the rest, level l's intercept has density ``N(u_l; 0, sigma2_k) prod_{i in l}
-        exp(-2 (1 - y_i f_i)_+)``, independent across levels, slice-sampled for all levels at once
-        in O(n) passes. Like :meth:`_rescale_variance` it must be followed by a fresh ``w | theta``."""
+        exp(-2 (1 - y_i f_i)_+)``, independent across levels, a mixture of truncated normals
+        drawn exactly for all levels at once (:func:`~vbsvm.models.hinge.sample_offsets`). Like
+        :meth:`_rescale_variance` it must be followed by a fresh ``w | theta``."""
         theta = theta.copy()
         for k, index in self._shiftable:
-            codes = self.codes if index[0] >= self.qd else np.argmax(self.Cd[:, index], axis=1)
+            codes = self._level_codes[k]
             u0 = theta[index]
-            rest = 1.0 - self.y * (f - u0[codes])
-            m = index.size
-
-            def logp(u):
-                hinge_l = np.bincount(codes, np.maximum(0.0, rest - self.y * u[codes]), minlength=m)
-                return -0.5 * u * u / sigma2[k] - 2.0 * hinge_l
-
-            u = slice_sample_independent(logp, u0, rng, width=2.0 * math.sqrt(sigma2[k]))
+            u = hinge.sample_offsets(1.0 - self.y * (f - u0[codes]), self.y, self._level_layouts[k], sigma2[k], rng)
             theta[index] = u
             f = f + (u - u0)[codes]
         return theta, f
@@ -1004,25 +1002,20 @@ class LinearSVMModel:
         columns: given the rest, level l's coefficients have density ``N(b_l; 0, Sigma) prod_{i in l}
         exp(-2 (1 - y_i f_i)_+)``, independent across levels. In the whitened coordinates
         ``a_l = L^{-1} b_l`` (``Sigma = L L'``, so ``a_l ~ N(0, I)`` a priori) each coordinate is
-        slice-sampled for all levels at once, one coordinate after the other: moving ``a_lj`` by
-        ``d`` moves the scores of level l's rows by ``d z_i' L e_j``, so an evaluation is one O(n)
-        pass. Like :meth:`_redraw_levels` it must be followed by a fresh ``w | theta``: with slopes
-        the augmented step alone mixes slowly (toenail ``(1 + time | patient_id)``: max R-hat
-        1.14-1.22, min bulk ESS 14-21 in 4 x 5000 draws), because w pins each level's scores."""
+        drawn exactly from its conditional for all levels at once, one coordinate after the other
+        (:func:`~vbsvm.models.hinge.sample_offsets`): setting ``a_lj`` to ``u`` moves the margin
+        gap of level l's rows to ``gap_i - y_i z_i' L e_j (u - a_lj)``. Like :meth:`_redraw_levels`
+        it must be followed by a fresh ``w | theta``: with slopes the augmented step alone mixes
+        slowly (toenail ``(1 + time | patient_id)``: max R-hat 1.14-1.22, min bulk ESS 14-21 in
+        4 x 5000 draws), because w pins each level's scores."""
         theta = theta.copy()
-        for (c, codes, Z), Sigma in zip(self._slope_terms, covariances):
-            m = c.index.shape[0]
+        for (c, codes, Z, layout), Sigma in zip(self._slope_terms, covariances):
             L = np.linalg.cholesky(Sigma)
             a = np.linalg.solve(L, theta[c.index].T).T  # (m, q)
             for j in range(L.shape[0]):
                 zl = Z @ L[:, j]
-                yz, rest, a0 = self.y * zl, 1.0 - self.y * f, a[:, j].copy()
-
-                def logp(u):
-                    hinge_l = np.bincount(codes, np.maximum(0.0, rest - yz * (u - a0)[codes]), minlength=m)
-                    return -0.5 * u * u - 2.0 * hinge_l
-
-                u = slice_sample_independent(logp, a0, rng, width=2.0)
+                yz, a0 = self.y * zl, a[:, j].copy()
+                u = hinge.sample_offsets(1.0 - self.y * f + yz * a0[codes], yz, layout, 1.0, rng)
                 f = f + (u - a0)[codes] * zl
                 a[:, j] = u
             theta[c.index] = a @ L.T
