@@ -144,12 +144,12 @@ class GroupLayout:
         self.row_start = np.concatenate([[0], np.cumsum(counts)])
         #: first interval of each group
         self.interval_start = np.concatenate([[0], np.cumsum(counts + 1)])[:-1]
+        self.interval_end = self.interval_start + counts + 1
         self.group = np.repeat(np.arange(self.m), counts + 1)
         below = np.arange(self.group.size) - self.interval_start[self.group]  # rows of the group below
         #: sorted row just above each interval (its upper kink), and whether it has a lower/upper kink
         self.row = self.row_start[self.group] + below
         self.has_low, self.has_high = below > 0, below < counts[self.group]
-        self.first_row = self.row_start[self.group]
 
 
 def sample_offsets(gap, slope, layout, prior_var, rng):
@@ -171,7 +171,8 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     kink above u, slope < 0 with kink below), i.e. a normal :math:`N(\sigma^2\beta, \sigma^2)`
     restricted to the interval, with mass
     :math:`\exp(\sigma^2\beta^2/2 + \gamma)\,[\Phi(b) - \Phi(a)]` (up to a common factor). The
-    draw picks an interval by these masses (Gumbel-max, log space) and then a truncated normal in
+    draw picks an interval by these masses (inversion of each group's cumulative masses) and then
+    a truncated normal in
     it (:func:`~vbsvm.distributions.sample_truncated_normal`): an exact Gibbs step, where a slice
     move is one step of a chain. All groups at once: one sort of the n kinks and a few passes
     over the ``n + m`` intervals (:class:`GroupLayout`). A row with ``slope_i = 0`` does not
@@ -189,34 +190,45 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     -------
     numpy.ndarray (m,)
     """
-    with np.errstate(divide="ignore", invalid="ignore"):
-        kink = np.where(slope != 0.0, gap / slope, np.inf)
+    kink = np.divide(gap, slope, out=np.full(gap.shape, np.inf), where=slope != 0.0)
     by_kink = np.argsort(kink)
     order = by_kink[np.argsort(layout.sort_codes[by_kink], kind="stable")]  # by group, then kink
     up = slope > 0.0
-    # beta = 2 (sum of slope over the up rows above + down rows below) = 2 (up total + sum below
-    # of -slope (up) or slope (down)); gamma likewise with gap: two prefix sums over sorted rows
-    signed = np.zeros((2, kink.size + 1))
-    np.cumsum(np.where(up, -slope, slope)[order], out=signed[0, 1:])
-    np.cumsum(np.where(up, -gap, gap)[order], out=signed[1, 1:])
-    up_total = np.stack([np.bincount(layout.codes, np.where(up, slope, 0.0), minlength=layout.m),
-                         np.bincount(layout.codes, np.where(up, gap, 0.0), minlength=layout.m)])
-    below = signed[:, layout.row] - signed[:, layout.first_row] + up_total[:, layout.group]
-    beta, gamma = 2.0 * below[0], -2.0 * below[1]
-    kink = kink[order]
-    kinks = np.append(kink, np.inf)
+    # beta = 2 (sum of slope over the up rows above + the down rows below) = 2 (the group's up
+    # total + the sum below of -slope (up) or slope (down)); gamma likewise with gap
+    beta, gamma = (_sum_below(np.where(up, -v, v)[order], np.bincount(layout.codes, np.where(up, v, 0.0),
+                                                                       minlength=layout.m), layout)
+                   for v in (slope, gap))
+    beta *= 2.0
+    gamma *= -2.0
+    kinks = np.append(kink[order], np.inf)
     low = np.where(layout.has_low, kinks[layout.row - 1], -np.inf)
     high = np.where(layout.has_high, kinks[layout.row], np.inf)
     sd = math.sqrt(prior_var)
     mean = prior_var * beta
-    a, b = (low - mean) / sd, (high - mean) / sd
+    nonempty = high > low  # tied kinks, and those at +inf of rows with slope 0, leave empty ones
+    a = np.where(nonempty, (low - mean) / sd, -1.0)
+    b = np.where(nonempty, (high - mean) / sd, 0.0)
     reflect = a > 0.0
     a, b = np.where(reflect, -b, a), np.where(reflect, -a, b)
     log_a, log_b = log_ndtr(a), log_ndtr(b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_mass = 0.5 * prior_var * beta * beta + gamma + log_b + np.log(-np.expm1(log_a - log_b))
-    score = np.where(high > low, log_mass, -np.inf) + rng.gumbel(size=log_mass.shape)
-    best = np.maximum.reduceat(score, layout.interval_start)
-    chosen = np.flatnonzero(score == best[layout.group])
-    chosen = chosen[np.concatenate([[True], np.diff(layout.group[chosen]) != 0])]
+    mass = -np.expm1(log_a - log_b)  # (Phi(b) - Phi(a)) / Phi(b)
+    log_mass = np.log(mass, out=np.full(mass.shape, -np.inf), where=nonempty & (mass > 0.0))
+    log_mass += 0.5 * prior_var * beta * beta + gamma + log_b
+    # one interval per group with probability proportional to its mass: inversion of the
+    # group's cumulative masses (scaled by the group's largest, so nothing overflows)
+    weight = np.exp(log_mass - np.maximum.reduceat(log_mass, layout.interval_start)[layout.group])
+    cum = np.cumsum(weight)
+    end = cum[layout.interval_end - 1]
+    start = end - np.add.reduceat(weight, layout.interval_start)
+    chosen = np.searchsorted(cum, start + rng.random(layout.m) * (end - start), side="right")
+    chosen = np.clip(chosen, layout.interval_start, layout.interval_end - 1)
     return sample_truncated_normal(mean[chosen], sd, low[chosen], high[chosen], rng)
+
+
+def _sum_below(signed, up_total, layout):
+    """Per interval of :func:`sample_offsets`: the group's ``up_total`` plus the sum of
+    ``signed`` (in sorted row order) over the group's rows below the interval."""
+    prefix = np.zeros(signed.size + 1)
+    np.cumsum(signed, out=prefix[1:])
+    return prefix[layout.row] + (up_total - prefix[layout.row_start[:-1]])[layout.group]
