@@ -551,6 +551,13 @@ class WoodburyPosterior(CoefficientPosterior):
         return out
 
 
+def _as_slice(index):
+    """``index`` (sorted, distinct) as a slice if it is a contiguous run, else unchanged."""
+    if index.size and index[-1] - index[0] + 1 == index.size:
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
 def _term_columns(codes, m, Z) -> np.ndarray:
     """Dense columns of a random-effect term: column ``l q + j`` is ``Z[:, j]`` on the rows of
     level ``l`` and 0 elsewhere."""
@@ -655,6 +662,10 @@ class LinearSVMModel:
         # that governs fixed effects only; the precision of the fixed effects with a known prior (0 elsewhere)
         self._block_variances = np.array([k for k, c in enumerate(self.variance_components) if c.index.max() < p],
                                          dtype=int)
+        #: the coefficients each of those variances governs (a slice where contiguous, e.g. all
+        #: but the intercept: views, not copies, in the HMC gradient) and their number
+        self._block_governed = [(_as_slice(self.variance_components[k].index), self.variance_components[k].index.size)
+                                for k in self._block_variances]
         self._block_fixed_tau = np.zeros(p)
         for c in self.components:
             if c.kind == "fixed" and c.index[0] < p:
@@ -1167,22 +1178,23 @@ class LinearSVMModel:
         p = self.p
         beta = x[:p]
         low, high = LOG_VARIANCE_RANGE
-        if not all(low < e < high for e in x[p:].tolist()):
+        etas = x[p:].tolist()
+        if not all(low < e < high for e in etas):
             return -math.inf, None, f
         gap = 1.0 - self.y * f
         inside = gap > 0.0
         value = -2.0 * float(np.dot(gap, inside)) - 0.5 * float(self._block_fixed_tau @ (beta * beta))
         grad = np.empty_like(x)
-        np.multiply(self._block_fixed_tau, beta, out=grad[:p])
-        grad[:p] = 2.0 * (self.y * inside) @ X - grad[:p]
-        for r, k in enumerate(self._block_variances):
-            idx = self.variance_components[k].index
-            eta = float(x[p + r])
-            half_sq = 0.5 * float(beta[idx] @ beta[idx]) + self.B
-            precision = math.exp(-eta)
-            value += -(0.5 * idx.size + self.A) * eta - precision * half_sq
-            grad[idx] -= precision * beta[idx]
-            grad[p + r] = -(0.5 * idx.size + self.A) + precision * half_sq
+        np.dot(np.where(inside, self.y, 0.0), X, out=grad[:p])
+        grad[:p] *= 2.0
+        grad[:p] -= self._block_fixed_tau * beta
+        for r, (governed, size) in enumerate(self._block_governed):
+            b = beta[governed]
+            half_sq = 0.5 * float(b @ b) + self.B
+            precision = math.exp(-etas[r])
+            value += -(0.5 * size + self.A) * etas[r] - precision * half_sq
+            grad[governed] -= precision * b
+            grad[p + r] = -(0.5 * size + self.A) + precision * half_sq
         return value, grad, f
 
     def marginal_moves(self, theta, f, sigma2, rng, directions=None, slice_moves=True, covariances=(),
@@ -1234,13 +1246,16 @@ class LinearSVMModel:
         move kept and no random effects, the augmented steps (theta | w and w | theta, an
         ``O(n p^2)`` Gram and ``n`` inverse-Gaussian draws) are skipped: the scan is then a
         Metropolis-within-Gibbs sampler on the marginal pseudo-posterior, each of its steps
-        exact.
+        exact. During a trial that goes well theta | w is skipped likewise, and w is still drawn
+        given the final theta, so that the augmented step can resume from a consistent state if
+        the trial stops going well.
         """
         tuner = BlockTuner.carry(state)
         phase = BlockTuner.phase(tuner)
-        marginal_only = phase in (BlockTuner.KEPT_IMH, BlockTuner.KEPT_HMC) and self.q == self.p
+        skip_augmented = self.q == self.p and self._tuner.replaces_slice_moves(tuner)
+        marginal_only = skip_augmented and phase in (BlockTuner.KEPT_IMH, BlockTuner.KEPT_HMC)
         w = state["w"]
-        if marginal_only:
+        if skip_augmented:
             theta = state["theta"]
         else:
             post = self.coefficient_posterior(w, self.prior_precision(state["tau"]),
