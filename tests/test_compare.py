@@ -59,6 +59,18 @@ def test_accuracy_spike_at_zero():
     assert accuracy(spiky, stats.norm(1.0, 0.3)) == pytest.approx(60, abs=1.5)
 
 
+def test_accuracy_of_marginals_at_extreme_scales():
+    """Found by the slow fuzz suite (a VB variance IG(0.6, 1e300) against Gibbs draws in the
+    thousands): a support bound that overflows gives NaN, not a crash in the KDE; supports that
+    do not overlap give 0 (a grid spanning 1e2 to 1e307 cannot resolve the draws: 49 before)."""
+    draws = np.array([4786.0, 10728.4, 10259.8, 697.1, 992.7, 738.3, 23101.6, 12009.7, 11054.8, 2018.4, 235.7, 147.0])
+    assert np.isnan(accuracy(stats.invgamma(0.6, scale=1e300), draws, lower=0.0))
+    assert accuracy(stats.invgamma(1.0, scale=1e300), draws, lower=0.0) == 0.0
+    assert accuracy(stats.norm(0.0, 1.0), stats.norm(1e6, 1.0)) == 0.0
+    spiky = np.r_[np.zeros(50), np.linspace(1.0, 2.0, 50)]
+    assert accuracy(spiky, np.r_[np.zeros(50), np.linspace(1e6, 2e6, 50)]) == pytest.approx(50.0)
+
+
 def test_kde_on_grid_integrates_to_one_and_matches_scipy():
     rng = np.random.default_rng(0)
     x = rng.gamma(3.0, 1.0, 5000)

@@ -188,7 +188,10 @@ def accuracy(q, p, *, lower=None, max_grid=2 ** 16) -> float:
     Returns
     -------
     float
-        Accuracy in [0, 100]; NaN if either marginal is a single point.
+        Accuracy in [0, 100]: 0 if the continuous parts' supports (their 1e-7 and 1 - 1e-7
+        quantiles, or the draws' range plus 5 bandwidths) do not overlap; NaN if either marginal is
+        a single point or a support bound is not a finite number (e.g. an inverse gamma with a
+        scale near the largest float).
 
     Examples
     --------
@@ -202,6 +205,11 @@ def accuracy(q, p, *, lower=None, max_grid=2 ** 16) -> float:
     l1 = abs(mq.spike() - mp.spike())
     sq, sp = mq.support(), mp.support()
     parts = [s for s in (sq, sp) if s is not None]
+    if not all(np.isfinite(s[0]) and np.isfinite(s[1]) for s in parts):
+        return float("nan")
+    if len(parts) == 2 and (sq[1] <= sp[0] or sp[1] <= sq[0]):  # disjoint: no grid can hold both
+        l1 += (1.0 - mq.spike()) + (1.0 - mp.spike())
+        parts = []
     if parts:
         lo = min(s[0] for s in parts)
         hi = max(s[1] for s in parts)
