@@ -216,3 +216,13 @@ def test_found_by_fuzzing_log_likelihood_of_an_imputed_fit_without_missing_cells
         imputed = fit("y ~ x0", df, {"method": "vb", "penalty": "auto", "missing": "impute", "standardize": False})
     ll = imputed.to_arviz()["log_likelihood"]["y"]
     assert ll.shape[-1] == len(df) and np.all(np.isfinite(ll.values))
+
+
+def test_found_by_fuzzing_a_subnormal_column_maximum_in_the_collinearity_check():
+    """The collinearity check scaled columns by 1/max|x|, infinite for a column whose largest
+    value is subnormal (2.2e-309), and ``eigh`` of the resulting NaN Gram raised LinAlgError."""
+    df = pd.DataFrame({"y": [0] * 13 + [1], "x0": [0.0] * 12 + [1.0, 2.225074e-309], "x1": ["a"] * 13 + ["b"]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fitted = fit("y ~ x0:x1", df, {"method": "vb", "penalty": "auto", "missing": "drop", "standardize": False})
+    assert fitted.predict(df.head(1), kind="class").shape == (1,)

@@ -219,12 +219,13 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
             # eigen-decomposition of the p x p Gram (cheaper than an SVD of X) of the columns
             # scaled to a largest absolute value of 1, so that the units of a column do not count:
             # eigenvalues below 1e-11 of the largest (condition number above ~3e5) mark dependent columns
+            # (divided, not multiplied by 1/top: a subnormal top has no finite reciprocal)
             top = np.maximum(X.max(axis=0), -X.min(axis=0))
-            scale = 1.0 / np.where(top > 0, top, 1.0)
+            top = np.where(top > 0, top, 1.0)
             gram = np.zeros((p, p))
             with limit_blas(float(n) * p * p):  # by blocks of rows: no scaled copy of X
                 for rows in row_blocks(n, p):
-                    block = X[rows] * scale
+                    block = X[rows] / top
                     gram += block.T @ block
                 evals, evecs = np.linalg.eigh(gram)
             null = evecs[:, evals <= evals[-1] * 1e-11].T
