@@ -411,7 +411,7 @@ def sample_gig_half(chi, rng):
 
 
 # ---------------------------------------------------------------------------
-# GIG
+# truncated normal
 # ---------------------------------------------------------------------------
 def sample_truncated_normal(mean, sd, low, high, rng):
     """Draws from normals ``N(mean, sd^2)`` truncated to ``[low, high]``, elementwise.
@@ -446,6 +446,9 @@ def sample_truncated_normal(mean, sd, low, high, rng):
     return mean + sd * np.where(reflect, -z, z)
 
 
+# ---------------------------------------------------------------------------
+# GIG
+# ---------------------------------------------------------------------------
 class GIG:
     r"""Generalized inverse Gaussian distribution (vectorized).
 

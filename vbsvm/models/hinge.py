@@ -31,6 +31,10 @@ using :math:`\log K_{1/2}(z) = \tfrac12 \log(\pi / 2z) - z` (all constants cance
 :math:`\chi_i = T_i` it is :math:`y_i m_i - 1 - \sqrt{\chi_i}`, which equals the paper's
 :math:`-1 + \log 2 - \tfrac12\log 2\pi + y_i m_i + \tfrac14 \log\chi_i + \log K_{1/2}(\sqrt{\chi_i})`
 (Luts & Ormerod, Algorithms 1-2), and tends to :math:`-2(1 - y_i m_i)_+` as :math:`v_i \to 0`.
+
+Without the augmentation, a scalar that shifts the scores of a group of rows (a random intercept)
+has a normal prior times :math:`\exp\{-2 \sum_i (1 - y_i f_i)_+\}` as its conditional: piecewise
+Gaussian between the rows' kinks, drawn exactly by :func:`sample_offsets`.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ from scipy.special import log_ndtr
 
 from ..distributions import GIG, InverseGaussian, sample_truncated_normal
 
-__all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response"]
+__all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response",
+           "GroupLayout", "sample_offsets"]
 
 #: chi is clipped below at this value so that E[1/a] = chi^(-1/2) stays finite when a point sits
 #: exactly on the margin (1 - y f = 0 and no posterior variance, e.g. in MAP/EM iterations).
@@ -172,11 +177,10 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     restricted to the interval, with mass
     :math:`\exp(\sigma^2\beta^2/2 + \gamma)\,[\Phi(b) - \Phi(a)]` (up to a common factor). The
     draw picks an interval by these masses (inversion of each group's cumulative masses) and then
-    a truncated normal in
-    it (:func:`~vbsvm.distributions.sample_truncated_normal`): an exact Gibbs step, where a slice
-    move is one step of a chain. All groups at once: one sort of the n kinks and a few passes
-    over the ``n + m`` intervals (:class:`GroupLayout`). A row with ``slope_i = 0`` does not
-    depend on u_l; its kink is put at ``+inf`` (an empty interval).
+    a truncated normal in it (:func:`~vbsvm.distributions.sample_truncated_normal`): an exact
+    Gibbs step, where a slice move is one step of a chain. All groups at once: one sort of the n
+    kinks and a few passes over the ``n + m`` intervals (:class:`GroupLayout`). A row with
+    ``slope_i = 0`` does not depend on u_l; its kink is put at ``+inf`` (an empty interval).
 
     Parameters
     ----------
@@ -196,11 +200,10 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     up = slope > 0.0
     # beta = 2 (sum of slope over the up rows above + the down rows below) = 2 (the group's up
     # total + the sum below of -slope (up) or slope (down)); gamma likewise with gap
-    beta, gamma = (_sum_below(np.where(up, -v, v)[order], np.bincount(layout.codes, np.where(up, v, 0.0),
-                                                                       minlength=layout.m), layout)
-                   for v in (slope, gap))
-    beta *= 2.0
-    gamma *= -2.0
+    up_slope = np.bincount(layout.codes, np.where(up, slope, 0.0), minlength=layout.m)
+    up_gap = np.bincount(layout.codes, np.where(up, gap, 0.0), minlength=layout.m)
+    beta = 2.0 * _sum_below(np.where(up, -slope, slope)[order], up_slope, layout)
+    gamma = -2.0 * _sum_below(np.where(up, -gap, gap)[order], up_gap, layout)
     kinks = np.append(kink[order], np.inf)
     low = np.where(layout.has_low, kinks[layout.row - 1], -np.inf)
     high = np.where(layout.has_high, kinks[layout.row], np.inf)
