@@ -59,3 +59,19 @@ def test_rows_in_any_order_and_same_seed_same_draws():
     c = sample_offsets(gap, y, GroupLayout(codes, 40), 2.0, np.random.default_rng(5))
     np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(a, c)
+
+
+def test_a_target_rounded_up_never_picks_a_trailing_empty_interval():
+    """With the uniform at its largest value the inversion's target for the second group rounds
+    up to the cumulative total, and the second group's last intervals are empty (its rows with
+    slope 0 put their kinks at +inf): the draw must still be finite (it was NaN)."""
+    codes = np.r_[np.zeros(5, dtype=int), np.ones(3, dtype=int)]
+    gap = np.array([-0.03963146, 0.1921268, 0.03147004, -0.16070081, 0.10847852, 0.5, 1.0, 2.0])
+    slope = np.array([-1.0, -1.0, -1.0, -1.0, -1.0, 1.0, 0.0, 0.0])
+
+    class Top:
+        def random(self, size=None):
+            return np.full(size, np.nextafter(1.0, 0.0))
+
+    u = sample_offsets(gap, slope, GroupLayout(codes, 2), 0.05, Top())
+    assert np.all(np.isfinite(u))

@@ -225,7 +225,9 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     end = cum[layout.interval_end - 1]
     start = end - np.add.reduceat(weight, layout.interval_start)
     chosen = np.searchsorted(cum, start + rng.random(layout.m) * (end - start), side="right")
-    chosen = np.clip(chosen, layout.interval_start, layout.interval_end - 1)
+    # a target rounded up to the group's total must not land on a trailing empty interval
+    last = np.maximum.reduceat(np.where(weight > 0.0, np.arange(weight.size), -1), layout.interval_start)
+    chosen = np.clip(chosen, layout.interval_start, last)
     return sample_truncated_normal(mean[chosen], sd, low[chosen], high[chosen], rng)
 
 
