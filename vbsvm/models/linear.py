@@ -897,16 +897,21 @@ class LinearSVMModel:
         (:class:`~vbsvm.inference.partial_noncentring.ExponentTuner`)."""
         block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._block_variances])])
         fitted = state.get("blk_chol")
-        state = self._tuner.adapt(state, block, it, tune)
-        if self._level_codes:
-            ks = list(self._level_codes)
-            levels = np.concatenate([state["theta"][self.variance_components[k].index] for k in ks])
-            state = self._exponents.adapt(state, levels, state["sigma2"][ks], it, tune)
+        state = self.adapt_level_exponents(self._tuner.adapt(state, block, it, tune), it, tune)
         if state.get("blk_chol") is not fitted:  # the block was (re)fitted: its principal axes
             L = state["blk_chol"][: self.p]
             evals, evecs = np.linalg.eigh(L @ L.T)
             state["blk_directions"] = evecs * np.sqrt(np.maximum(evals, 0.0))
         return state
+
+    def adapt_level_exponents(self, state, it, tune):
+        """Feed the random-intercept levels and variances of ``state`` to the exponents' tuner
+        (:class:`~vbsvm.inference.partial_noncentring.ExponentTuner`) after tuning sweep ``it``."""
+        if not self._level_codes or "theta" not in state:
+            return state
+        ks = list(self._level_codes)
+        levels = np.concatenate([state["theta"][self.variance_components[k].index] for k in ks])
+        return self._exponents.adapt(state, levels, np.asarray(state["sigma2"])[ks], it, tune)
 
     def _level_exponents(self, state) -> dict:
         """Variance index -> exponents of its levels' partially non-centred move, as fitted so far

@@ -748,11 +748,7 @@ class LaplaceZeroModel:
         (a t with their mixture's mean and an inflated sd) and switch the move on; and fit the
         exponents of the random-intercept variances' partially non-centred move as the linear
         model does (:meth:`~vbsvm.models.linear.LinearSVMModel.gibbs_adapt`)."""
-        base = self.base
-        if base._level_codes and "theta" in state:
-            ks = list(base._level_codes)
-            levels = np.concatenate([state["theta"][base.variance_components[k].index] for k in ks])
-            state = base._exponents.adapt(state, levels, np.asarray(state["sigma2"])[ks], it, tune)
+        state = self.base.adapt_level_exponents(state, it, tune)
         half = tune // 2
         if it >= half or half < self.FLIP_MIN_SWEEPS or "flip_n" not in state:
             return state
