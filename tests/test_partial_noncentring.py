@@ -42,7 +42,7 @@ def test_orbit_density_is_the_joint_along_the_orbit(k):
     index = model.variance_components[k].index
     exponents = None if k == 0 else rng.uniform(0.05, 1.0, index.size)
     c = np.ones(index.size) if exponents is None else exponents
-    assert (k in model._level_codes) == (k == 1)
+    assert (k in model._levels) == (k == 1)
     f = model.predictor(theta)
     logp, move = model._variance_orbit(k, theta, f, sigma2, exponents)
     base = _log_joint_in_log_variances(model, theta, sigma2)
@@ -120,7 +120,7 @@ def test_a_random_intercept_fit_fits_exponents_and_keeps_them_fixed_after_tuning
 def _fixed_exponents(monkeypatch, value):
     monkeypatch.setattr(LinearSVMModel, "_level_exponents",
                         lambda self, state: {k: np.full(self.variance_components[k].index.size, value)
-                                             for k in self._level_codes})
+                                             for k in self._levels})
 
 
 @pytest.mark.parametrize("value", [0.0, 0.4])

@@ -650,8 +650,6 @@ class LinearSVMModel:
                     df=float(q + 1 if re_df is None else re_df), scale=scale))
         self.variance_components = [c for c in self.components if c.kind == "variance"]
         self.covariance_components = [c for c in self.components if c.kind == "covariance"]
-        # random-intercept terms whose levels can trade a common shift with the fixed intercept
-        # (f is unchanged): their variance index and coordinates, for the Gibbs location move
         self.intercept = intercept if intercept is not None and np.isfinite(fixed_precision[intercept]) else None
         self._tau0 = None if self.intercept is None else float(fixed_precision[self.intercept])
         # Gibbs slice widths 3 / ||x_j||, from the design as built (models that fill in missing
@@ -671,17 +669,17 @@ class LinearSVMModel:
             if c.kind == "fixed" and c.index[0] < p:
                 self._block_fixed_tau[c.index] = c.precision
         self._tuner = BlockTuner(p + self._block_variances.size, df=self.imh_df, min_accept=self.block_min_accept)
-        self._shiftable = [] if self.intercept is None else [
-            (k, c.index) for k, c in enumerate(self.variance_components)
-            if c.name.startswith("sigma2_") and c.name[7:] in {t[2] for t in terms if np.all(t[3] == 1.0)}]
-        #: variance index -> level of each row, for every random-intercept term: their variances
-        #: move partially non-centred (:meth:`_rescale_variance`), with exponents fitted in tuning
-        self._level_codes = {k: codes for k, c in enumerate(self.variance_components)
-                             for codes, m, name, Z in terms if c.name == f"sigma2_{name}" and np.all(Z == 1.0)}
-        self._exponents = ExponentTuner([self.variance_components[k].index.size for k in self._level_codes])
-        #: variance index -> the level layout of the exact level draws (:meth:`_redraw_levels`)
-        self._level_layouts = {k: hinge.GroupLayout(codes, self.variance_components[k].index.size)
-                               for k, codes in self._level_codes.items()}
+        #: variance index -> :class:`~vbsvm.models.hinge.GroupLayout` of the levels (``.codes``: the
+        #: level of each row), for every random-intercept term: their levels are drawn exactly
+        #: (:meth:`_redraw_levels`) and their variances move partially non-centred
+        #: (:meth:`_rescale_variance`), with exponents fitted in tuning
+        self._levels = {k: hinge.GroupLayout(codes, m) for k, c in enumerate(self.variance_components)
+                        for codes, m, name, Z in terms if c.name == f"sigma2_{name}" and np.all(Z == 1.0)}
+        self._exponents = ExponentTuner([self.variance_components[k].index.size for k in self._levels])
+        # random-intercept terms whose levels can trade a common shift with the fixed intercept (f is
+        # unchanged): their variance index and coordinates, for the Gibbs location move
+        self._shiftable = [] if self.intercept is None else [(k, self.variance_components[k].index)
+                                                             for k in self._levels]
         #: (covariance component, level of each row, the term's columns, their layout) of every term with q > 1
         #: columns, for the Gibbs move of their levels (:meth:`_redraw_slope_levels`)
         self._slope_terms = [(c, codes, np.asarray(Z, dtype=float), hinge.GroupLayout(codes, m))
@@ -887,7 +885,7 @@ class LinearSVMModel:
     def gibbs_initial_state(self, rng):
         return {"w": np.ones(self.n), "tau": np.ones(len(self.variance_components)),
                 "Lam": [np.eye(c.index.shape[1]) for c in self.covariance_components],
-                **self._tuner.initial_state(), **(self._exponents.initial_state() if self._level_codes else {})}
+                **self._tuner.initial_state(), **(self._exponents.initial_state() if self._levels else {})}
 
     def gibbs_adapt(self, state, it, tune):
         """Called by the engine after each tuning sweep (never after tuning): fits, tries and
@@ -907,9 +905,9 @@ class LinearSVMModel:
     def adapt_level_exponents(self, state, it, tune):
         """Feed the random-intercept levels and variances of ``state`` to the exponents' tuner
         (:class:`~vbsvm.inference.partial_noncentring.ExponentTuner`) after tuning sweep ``it``."""
-        if not self._level_codes or "theta" not in state:
+        if not self._levels or "theta" not in state:
             return state
-        ks = list(self._level_codes)
+        ks = list(self._levels)
         levels = np.concatenate([state["theta"][self.variance_components[k].index] for k in ks])
         return self._exponents.adapt(state, levels, np.asarray(state["sigma2"])[ks], it, tune)
 
@@ -917,7 +915,7 @@ class LinearSVMModel:
         """Variance index -> exponents of its levels' partially non-centred move, as fitted so far
         in ``state`` (empty if the state has none: every variance then moves non-centred)."""
         fitted = self._exponents.exponents(state)
-        return {} if fitted is None else dict(zip(self._level_codes, fitted))
+        return {} if fitted is None else dict(zip(self._levels, fitted))
 
     def variance_log_prior(self, sigma2) -> float:
         """Log density of the ``IG(A, B)`` prior of a variance, summed over ``sigma2``."""
@@ -971,7 +969,7 @@ class LinearSVMModel:
             def scales(t):
                 return math.exp(0.5 * t), g * (math.exp(0.5 * t) - 1.0)
         else:
-            codes = self._level_codes[k]
+            codes = self._levels[k].codes
             u = theta[c.index]
             g = u[codes]
             yg, yrest, row_exponent = self.y * g, 1.0 - self.y * (f - g), exponents[codes]
@@ -1006,11 +1004,11 @@ class LinearSVMModel:
         :meth:`_rescale_variance` it must be followed by a fresh ``w | theta``."""
         theta = theta.copy()
         for k, index in self._shiftable:
-            codes = self._level_codes[k]
+            layout = self._levels[k]
             u0 = theta[index]
-            u = hinge.sample_offsets(1.0 - self.y * (f - u0[codes]), self.y, self._level_layouts[k], sigma2[k], rng)
+            u = hinge.sample_offsets(1.0 - self.y * (f - u0[layout.codes]), self.y, layout, sigma2[k], rng)
             theta[index] = u
-            f = f + (u - u0)[codes]
+            f = f + (u - u0)[layout.codes]
         return theta, f
 
     def _redraw_slope_levels(self, theta, f, covariances, rng):

@@ -577,7 +577,7 @@ class LaplaceZeroModel:
                 "flip_cmean": np.zeros(self.m), "flip_cvar": np.ones(self.m),
                 "flip_coupling": np.zeros((self.m, self.qd)), "flip_csum": np.zeros((self.m, self.qd)),
                 "flip_shift": np.zeros((self.m, self.qd)),
-                **(self.base._exponents.initial_state() if self.base._level_codes else {})}
+                **(self.base._exponents.initial_state() if self.base._levels else {})}
 
     def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
         r"""Draw the indicators one at a time with every coefficient integrated out given w.
