@@ -17,7 +17,7 @@ from scipy import stats
 
 from vbsvm.inference import hmc
 from vbsvm.inference.block_tuner import BlockTuner
-from vbsvm.inference.hmc import hmc_transition, trajectory_steps
+from vbsvm.inference.hmc import hmc_transition, trajectory_steps, whiten
 from vbsvm.models import linear
 import test_reliability_exact as exact
 from test_reliability_exact import P_MIN
@@ -33,11 +33,14 @@ def _skewed(x):
 def test_transition_leaves_a_skewed_target_invariant():
     rng = np.random.default_rng(3)
     chol = np.linalg.cholesky(np.array([[0.35, 0.3], [0.3, 0.55]]))
-    x, cur, chain, accepted = np.array([1.0, 1.0]), _skewed(np.array([1.0, 1.0])), [], []
+    x0 = np.array([1.0, 1.0])
+    target = whiten(_skewed, x0, chol)
+    z, chain, accepted = np.zeros(2), [], []
+    cur = target(z)
     for _ in range(8000):
         step = 0.6 * rng.uniform(*hmc.STEP_JITTER)
-        x, cur, a = hmc_transition(_skewed, x, cur, chol, step, trajectory_steps(step), rng)
-        chain.append(x.copy())
+        z, cur, a = hmc_transition(target, z, cur, step, trajectory_steps(step), rng)
+        chain.append(x0 + chol @ z)
         accepted.append(a)
     chain = np.array(chain[500:])
     target = stats.loggamma(3.0)
@@ -50,13 +53,13 @@ def test_acceptance_tends_to_one_as_the_step_shrinks_and_outside_the_support_is_
     rng = np.random.default_rng(0)
     gauss = lambda x: (-0.5 * float(x @ x), -x, None)  # noqa: E731
     x = np.array([0.3, -1.0, 2.0])
-    rates = [np.mean([hmc_transition(gauss, x, gauss(x), np.eye(3), s, trajectory_steps(s), rng)[2]
+    rates = [np.mean([hmc_transition(gauss, x, gauss(x), s, trajectory_steps(s), rng)[2]
                       for _ in range(200)]) for s in (0.8, 0.2, 0.02)]
     assert rates[0] < rates[1] < rates[2] and rates[2] > 0.999, rates
     walled = lambda x: (-math.inf, None, None) if x[0] > 0.5 else gauss(x)  # noqa: E731
     x0 = np.array([0.49, 0.0, 0.0])
     for _ in range(50):
-        x1, cur, a = hmc_transition(walled, x0, walled(x0), np.eye(3), 0.5, 3, rng)
+        x1, cur, a = hmc_transition(walled, x0, walled(x0), 0.5, 3, rng)
         assert x1[0] <= 0.5 and (a > 0 or np.array_equal(x1, x0))
 
 
@@ -69,10 +72,11 @@ def test_dual_averaging_reaches_the_target_acceptance():
     chol = 3.0 * np.eye(d)
     log_step = math.log(2.0)
     h_bar, mu, log_step_bar = 0.0, log_step + math.log(10.0), log_step
-    x, cur, late, steps = np.zeros(d), gauss(np.zeros(d)), [], []
+    target = whiten(gauss, np.zeros(d), chol)
+    z, cur, late, steps = np.zeros(d), target(np.zeros(d)), [], []
     for t in range(1, 601):
         step = math.exp(log_step)
-        x, cur, a = hmc_transition(gauss, x, cur, chol, step, trajectory_steps(step), rng)
+        z, cur, a = hmc_transition(target, z, cur, step, trajectory_steps(step), rng)
         h_bar, log_step, log_step_bar = hmc.dual_average(t, h_bar, mu, log_step_bar, a)
         if t > 300:
             late.append(a)
@@ -93,15 +97,24 @@ def test_marginal_target_gradient_matches_finite_differences():
     assert list(model._block_variances) == [0]
     f_rest = rng.normal(size=5)[codes]
     Xf = model.Cd[:, : model.p]
+    target = model._hmc_target(np.zeros(4), np.eye(4), f_rest)  # z = x
 
     def value(x):
-        return model._hmc_log_target(x, f_rest + Xf @ x[: model.p], Xf)[0]
+        return target(x)[0]
 
     x = np.r_[0.2, -0.4, 0.9, math.log(1.3)]
-    grad = model._hmc_log_target(x, f_rest + Xf @ x[: model.p], Xf)[1]
+    grad = target(x)[1]
     h = 1e-6
     fd = np.array([(value(x + h * e) - value(x - h * e)) / (2 * h) for e in np.eye(x.size)])
     np.testing.assert_allclose(grad, fd, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(target(x)[2], Xf @ x[:3])
+    # in whitened coordinates z (x = x0 + L z) the gradient is L^T times the one in x
+    L = np.linalg.cholesky(np.array([[1.0, 0.3, 0, 0], [0.3, 2.0, 0.1, 0], [0, 0.1, 0.5, 0.2], [0, 0, 0.2, 0.8]]))
+    x0 = np.r_[0.1, 0.2, -0.3, 0.1]
+    z = np.linalg.solve(L, x - x0)
+    whitened = model._hmc_target(x0, L, f_rest)(z)
+    assert whitened[0] == pytest.approx(value(x), abs=1e-9)
+    np.testing.assert_allclose(whitened[1], L.T @ grad, rtol=1e-9, atol=1e-12)
     # the value, up to a constant: hinge, the intercept's N(0, 1/0.3), N(0, sigma2_u) on the
     # penalized columns, the IG(A, B) density of sigma2_u times its Jacobian sigma2_u
 
@@ -117,7 +130,7 @@ def test_marginal_target_gradient_matches_finite_differences():
 
 
 def test_the_batched_target_of_the_independence_move_is_the_same_density():
-    """``_imh_log_target`` (many points, no gradient) and ``_hmc_log_target`` state one density
+    """``_imh_log_target`` (many points, no gradient) and ``_hmc_target`` state one density
     twice: they agree, also outside the variance range (-inf)."""
     rng = np.random.default_rng(5)
     n = 40
@@ -129,7 +142,8 @@ def test_the_batched_target_of_the_independence_move_is_the_same_density():
     pts[3, -1] = 1e3
     F = Xf @ pts[:3]
     batched = model._imh_log_target(pts, F)
-    single = [model._hmc_log_target(pts[:, k], F[:, k], Xf)[0] for k in range(pts.shape[1])]
+    target = model._hmc_target(np.zeros(4), np.eye(4), np.zeros(n))
+    single = [target(pts[:, k])[0] for k in range(pts.shape[1])]
     np.testing.assert_allclose(batched, single, rtol=1e-12)
     assert batched[-1] == -math.inf
 

@@ -5,7 +5,8 @@ on the marginal pseudo-posterior (augmentation weights integrated out), where si
 cost one Python-level pass per coordinate and leave the block's correlations to the chain.
 
 **Transition** (Neal 2011, Section 5.2). In whitened coordinates :math:`x = x_0 + L z` (:math:`LL^T`
-the metric's inverse, i.e. the block's covariance estimated in tuning) the momentum is
+the metric's inverse, i.e. the block's covariance estimated in tuning; the caller supplies the
+target in z, :func:`whiten`) the momentum is
 :math:`p \sim N(0, I)` and the leapfrog integrator takes ``n_steps`` steps of size
 :math:`\epsilon` on :math:`H(z, p) = -\log\pi(x_0 + Lz) + \tfrac12 p^Tp`; the end point is
 accepted with probability :math:`\min\{1, e^{-\Delta H}\}`. The integrator is reversible and
@@ -28,7 +29,7 @@ import math
 
 import numpy as np
 
-__all__ = ["hmc_transition", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT", "TRAJECTORY",
+__all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT", "TRAJECTORY",
            "STEP_JITTER"]
 
 #: acceptance probability the step is adapted to (Hoffman & Gelman's choice for plain HMC)
@@ -44,51 +45,61 @@ MAX_STEPS = 40
 STEP_JITTER = (0.8, 1.2)
 
 
-def hmc_transition(logp_grad, x, current, chol, step, n_steps, rng):
-    """One HMC transition in the metric ``(chol chol^T)^{-1}``.
+def hmc_transition(logp_grad, z, current, step, n_steps, rng):
+    """One HMC transition with a unit metric, in whitened coordinates.
+
+    A dense metric ``(L L^T)^{-1}`` is the unit metric in the coordinates ``z`` of
+    ``x = x_0 + L z``: the caller passes the target in those coordinates (:func:`whiten` makes it
+    from one in x; the linear model forms its own, with the products fused), so that the
+    integrator itself does no matrix products.
 
     Parameters
     ----------
     logp_grad : callable
-        ``x -> (log density, gradient, aux)``; ``aux`` is anything the caller wants back for the
-        state the chain ends at (the linear model's scores).
-    x : ndarray (d,)
-        Current state.
+        ``z -> (log density, gradient in z, aux)``; ``aux`` is anything the caller wants back for
+        the state the chain ends at (the linear model's scores).
+    z : ndarray (d,)
+        Current state (not modified).
     current : tuple
-        ``logp_grad(x)`` (passed in so that the caller can carry it between transitions).
-    chol : ndarray (d, d)
-        Lower-triangular factor of the metric's inverse (the block's covariance).
+        ``logp_grad(z)`` (passed in so that the caller can carry it between transitions).
     step : float
-        Leapfrog step in whitened units.
+        Leapfrog step.
     n_steps : int
     rng : numpy.random.Generator
 
     Returns
     -------
-    x, (log density, gradient, aux) : the state after the transition and its evaluation
+    z, (log density, gradient, aux) : the state after the transition and its evaluation
     accept_prob : float
         ``min(1, exp(-Delta H))`` of the proposed end point (0 if it left the support).
     """
-    lp0, g0, _ = current
-    p = rng.standard_normal(x.size)
+    lp0, g, _ = current
+    p = rng.standard_normal(z.size)
     h0 = -lp0 + kinetic_energy(p)
-    z = np.zeros(x.size)  # whitened displacement from x
-    gz = chol.T @ g0  # gradient in whitened coordinates
-    p = p + 0.5 * step * gz
+    z_new = z.copy()
+    p += 0.5 * step * g
     for k in range(n_steps):
-        z = z + step * p
-        new = logp_grad(x + chol @ z)
+        z_new += step * p
+        new = logp_grad(z_new)
         if not math.isfinite(new[0]):
-            return x, current, 0.0
-        gz = chol.T @ new[1]
+            return z, current, 0.0
         if k < n_steps - 1:
-            p = p + step * gz
-    p = p + 0.5 * step * gz
+            p += step * new[1]
+    p += 0.5 * step * new[1]
     h1 = -new[0] + kinetic_energy(p)
     accept_prob = math.exp(min(0.0, h0 - h1)) if math.isfinite(h1) else 0.0
     if rng.random() < accept_prob:
-        return x + chol @ z, new, accept_prob
-    return x, current, accept_prob
+        return z_new, new, accept_prob
+    return z, current, accept_prob
+
+
+def whiten(logp_grad, x0, chol):
+    """The target ``x -> (log density, gradient, aux)`` in the coordinates ``z`` of
+    ``x = x0 + chol z``: ``z -> (log density, chol^T gradient, aux)``."""
+    def whitened(z):
+        value, grad, aux = logp_grad(x0 + chol @ z)
+        return value, (None if grad is None else chol.T @ grad), aux
+    return whitened
 
 
 def kinetic_energy(p) -> float:
