@@ -54,16 +54,17 @@ def known_weights(w):
     integrated out, not the working-likelihood posterior given w that SBC checks here; they are
     checked exactly in test_reliability_exact.py and against independent samplers)."""
     original = (hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves,
-                LaplaceZeroModel.flip_moves)
+                LaplaceZeroModel.flip_moves, LaplaceZeroModel.coefficient_moves)
     hinge.sample_inverse = lambda y, f, rng: np.array(w, copy=True)
     LinearSVMModel.marginal_moves = lambda self, theta, f, sigma2, rng, **kw: (theta, f, sigma2)
     LaplaceZeroModel.swap_moves = lambda self, theta, gamma, b, f, rng: (theta, gamma, b, f)
     LaplaceZeroModel.flip_moves = lambda self, theta, gamma, b, s2u, f, flips, rng: (theta, gamma, f)
+    LaplaceZeroModel.coefficient_moves = lambda self, theta, gamma, b, s2u, f, rng: (theta, f)
     try:
         yield
     finally:
         (hinge.sample_inverse, LinearSVMModel.marginal_moves, LaplaceZeroModel.swap_moves,
-         LaplaceZeroModel.flip_moves) = original
+         LaplaceZeroModel.flip_moves, LaplaceZeroModel.coefficient_moves) = original
 
 
 def _check(name, ranks, L, bins):

@@ -691,6 +691,30 @@ class LaplaceZeroModel:
         theta[keep] = u[keep]
         return theta, f
 
+    def coefficient_moves(self, theta, gamma, b, sigma2, f, rng):
+        """Marginal (augmentation weights integrated out) slice moves of the coefficients in the
+        model: each always-included fixed effect and each selected term along its axis, given
+        the indicators, the mixing variables b and the variances, whose prior on them is
+        Gaussian with precisions :meth:`prior_precision` (the linear model's
+        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_fixed_effects`). The excluded terms'
+        coefficients do not enter the scores; their full conditional is the prior, drawn with
+        theta | w. Without this move the coefficients in the model change only by their draw
+        given w, which pins them to the fit w holds. Returns ``(theta, f)``; w must be drawn
+        afresh after it."""
+        base = self.base
+        active = np.ones(base.p, dtype=bool)
+        active[self.sel] = gamma == 1.0
+        index = np.flatnonzero(active)
+        if index.size == 0:
+            return theta, f
+        directions = np.zeros((base.p, index.size))
+        directions[index, np.arange(index.size)] = base._fixed_width[index] / 3.0
+        tau = self.prior_precision(1.0 / np.asarray(sigma2), b)[: base.p]
+        u, f = base._redraw_fixed_effects(self.effective(theta, gamma), f, sigma2, rng, directions, tau=tau)
+        theta = np.array(theta, dtype=float, copy=True)
+        theta[index] = u[index]
+        return theta, f
+
     def swap_moves(self, theta, gamma, b, f, rng):
         """Metropolis-Hastings swaps of a term in the model with one out of it, on the marginal
         pseudo-posterior (augmentation weights integrated out); ``m`` proposals.
@@ -840,6 +864,7 @@ class LaplaceZeroModel:
         gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
         theta, f = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng, self.base._level_exponents(state))
+        theta, f = self.coefficient_moves(theta, gamma, state["b"], state["sigma2"], f, rng)
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
