@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbsvm.inference.block_tuner import EVIDENCE, BlockTuner
+from vbsvm.inference.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, BlockTuner
 from vbsvm.models import linear
 import test_reliability_exact as exact
 
@@ -50,6 +50,38 @@ def test_hmc_runs_and_is_kept_when_the_independence_move_goes_badly():
     assert BlockTuner.phase(state) == BlockTuner.KEPT_HMC
     assert tuner.imh_proposal(state) is None and tuner.runs_hmc(state)
     assert float(state["hmc_log_step"]) == float(state["hmc_log_step_bar"])  # the averaged step is kept
+
+
+def test_an_independence_move_far_below_its_bar_gives_up_for_the_rest_of_its_trial():
+    tuner = BlockTuner(2, min_accept=0.2)
+    state = {**tuner.initial_state(), "blk_phase": np.array(BlockTuner.TRYING), "blk_mean": np.zeros(2),
+             "blk_chol": np.eye(2)}
+    for tries, accepts, runs in [(GIVE_UP - 8, 0.0, True), (GIVE_UP, 0.11 * GIVE_UP, True),
+                                 (GIVE_UP, 0.09 * GIVE_UP, False)]:
+        state.update(imh_tries=np.array(float(tries)), imh_accepts=np.array(accepts))
+        assert (tuner.imh_proposal(state) is not None) == runs, (tries, accepts)
+        assert tuner.runs_hmc(state)  # below min_accept: HMC runs either way
+    kept = {**state, "blk_phase": np.array(BlockTuner.KEPT_IMH)}
+    assert tuner.imh_proposal(kept) is not None  # a kept move never gives up
+    # through the schedule: each trial's independence move stops after GIVE_UP proposals
+    rng, state, imh_sweeps = np.random.default_rng(0), tuner.initial_state(), []
+    for it in range(320):
+        if tuner.imh_proposal(state) is not None:
+            imh_sweeps.append(it)
+            state = tuner.record_imh(state, 8, 0.0)
+        state = tuner.adapt(state, rng.normal(size=2), it, 320)
+    assert imh_sweeps == list(range(80, 80 + GIVE_UP // 8)) + list(range(240, 240 + GIVE_UP // 8))
+
+
+def test_a_large_block_is_first_fitted_earlier():
+    for dim, first in [(EARLY_FIT_DIM, 1600 // 4), (EARLY_FIT_DIM + 1, 1600 // 8)]:
+        tuner, rng = BlockTuner(dim), np.random.default_rng(1)
+        state, fitted_at = tuner.initial_state(), None
+        for it in range(1600):
+            state = tuner.adapt(state, rng.normal(size=dim), it, 1600)
+            if fitted_at is None and "blk_chol" in state:
+                fitted_at = it
+        assert fitted_at == first - 1 and tuner.first_fit(1600) == first
 
 
 def test_neither_kept_and_too_short_a_tuning():
