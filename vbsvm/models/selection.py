@@ -391,9 +391,12 @@ class LaplaceZeroModel:
         self._swap_sign = np.where(corr < 0, -1.0, 1.0)
 
     def refresh_design(self):
-        """Recompute what the model keeps of the design (``C[:, sel]^2``) after the base model's
-        design changed in place (a completion of imputed cells)."""
+        """Recompute what the model keeps of the design (``C[:, sel]^2`` and the fixed effects'
+        cross-products ``X^T X``, the directions of :meth:`coefficient_moves`) after the base
+        model's design changed in place (a completion of imputed cells)."""
         self.C2sel = np.ascontiguousarray(self.base.Cd[:, self.sel] ** 2)
+        X = self.base.Cd[:, : self.base.p]
+        self._cross_products = X.T @ X
 
     def set_rho(self, rho):
         """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
@@ -693,22 +696,30 @@ class LaplaceZeroModel:
 
     def coefficient_moves(self, theta, gamma, b, sigma2, f, rng):
         """Marginal (augmentation weights integrated out) slice moves of the coefficients in the
-        model: each always-included fixed effect and each selected term along its axis, given
-        the indicators, the mixing variables b and the variances, whose prior on them is
-        Gaussian with precisions :meth:`prior_precision` (the linear model's
-        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_fixed_effects`). The excluded terms'
-        coefficients do not enter the scores; their full conditional is the prior, drawn with
-        theta | w. Without this move the coefficients in the model change only by their draw
-        given w, which pins them to the fit w holds. Returns ``(theta, f)``; w must be drawn
-        afresh after it."""
+        model (the always-included fixed effects and the selected terms) given the indicators,
+        the mixing variables b and the variances, whose prior on them is Gaussian with
+        precisions :meth:`prior_precision` (the linear model's
+        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_fixed_effects`), along the principal
+        axes of the active columns' cross-products ``X_A^T X_A`` (which depend on the design and
+        the indicators only, not on w). The excluded terms' coefficients do not enter the
+        scores; their full conditional is the prior, drawn with theta | w. Without this move the
+        coefficients in the model change only by their draw given w, which pins them to the fit
+        w holds. Toenail with ``LaplaceZero(0.1)`` and ``(1 | patient_id)``, 4 x 1000 after 1000,
+        seeds 1 and 4: min bulk ESS 114 and 121 without the move (``beta[time:terbinafine]``;
+        max R-hat 1.057, 1.044), 138 and 123 with it along the coordinate axes (1.022, 1.037),
+        164 and 183 along the principal axes (1.032, 1.018).
+        Returns ``(theta, f)``; w must be drawn afresh after it."""
         base = self.base
         active = np.ones(base.p, dtype=bool)
         active[self.sel] = gamma == 1.0
         index = np.flatnonzero(active)
         if index.size == 0:
             return theta, f
+        # principal axes of the active columns' cross-products (what makes their coefficients
+        # correlated: a main effect and its interaction), each scaled by 1 / sqrt(eigenvalue)
+        evals, evecs = np.linalg.eigh(self._cross_products[np.ix_(index, index)])
         directions = np.zeros((base.p, index.size))
-        directions[index, np.arange(index.size)] = base._fixed_width[index] / 3.0
+        directions[index] = evecs / np.sqrt(np.maximum(evals, 1e-12 * max(evals.max(), 1e-300)))
         tau = self.prior_precision(1.0 / np.asarray(sigma2), b)[: base.p]
         u, f = base._redraw_fixed_effects(self.effective(theta, gamma), f, sigma2, rng, directions, tau=tau)
         theta = np.array(theta, dtype=float, copy=True)
