@@ -260,9 +260,31 @@ def test_sbc_laplace_zero_hierarchy(n_rep, L, thin):
 
 
 def test_sbc_laplace_zero_detects_wrong_indicator_odds():
-    ranks = _laplace_sbc(200, 19, 3, seed=20, wrong=True)
+    # 400 replications: at 200, seeds 20-22 gave min p = 4.6e-4, 2.4e-11, 1.1e-5 against the
+    # threshold 5.6e-5 (this one 8.6e-12)
+    ranks = _laplace_sbc(400, 19, 3, seed=20, wrong=True)
     pv = _check("Laplace-zero, WRONG indicator odds (power check)", ranks, 19, 20)
     assert min(pv.values()) < FAMILY_ALPHA / len(pv)  # the check as used above fails
+
+
+def test_sbc_laplace_zero_detects_a_wrong_scale_block(monkeypatch):
+    """``sigma_u^2`` drawn with the excluded terms' pairs integrated out from their sum of
+    squares but not from the shape (``A + m/2`` instead of ``A + m_in/2``) is rejected."""
+    from vbsvm.models.selection import LaplaceZeroModel
+
+    orig = LaplaceZeroModel.scale_and_excluded_terms
+
+    def broken(self, theta, gamma, sigma2_u, rng):
+        theta, b, sigma2 = orig(self, theta, gamma, sigma2_u, rng)
+        inc = gamma == 1.0
+        sq = float(np.sum(b[inc] * theta[self.sel][inc] ** 2))
+        sigma2[0] = InverseGamma(self.A + self.m / 2, self.B + sq / 2).sample(rng)
+        return theta, b, sigma2
+
+    monkeypatch.setattr(LaplaceZeroModel, "scale_and_excluded_terms", broken)
+    ranks = _laplace_sbc(200, 19, 3, seed=20)
+    pv = _check("Laplace-zero, WRONG scale block (power check)", ranks, 19, 20)
+    assert min(pv.values()) < FAMILY_ALPHA / len(pv)
 
 
 # ------------------------------------------------------------------------------- 4. imputation

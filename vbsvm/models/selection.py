@@ -49,7 +49,12 @@ collapsed Gibbs sampler (van Dyk & Park 2008). On toenail with ``LaplaceZero(0.1
 intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafine`` indicator
 from 14 to 62; the random effects then move as in the linear model (partially non-centred variance,
 shift, levels; the levels of terms with slopes in whitened coordinates:
-:meth:`LaplaceZeroModel.random_effect_moves`).
+:meth:`LaplaceZeroModel.random_effect_moves`), and the coefficients in the model by slice moves
+with w integrated out (:meth:`LaplaceZeroModel.coefficient_moves`). Nor does it draw
+:math:`\sigma_u^2` from the conditional above, which conditions on the excluded terms'
+:math:`(v_k, b_k)`, draws of their prior given :math:`\sigma_u^2`: it draws
+:math:`\sigma_u^2` with those pairs integrated out and then the pairs from their prior
+(:meth:`LaplaceZeroModel.scale_and_excluded_terms`).
 
 The calibrated ``method="vb"`` is expectation propagation with the spike-and-slab factors as
 sites (:mod:`vbsvm.inference.ep_selection`), built on the base linear model; this module holds
@@ -765,6 +770,31 @@ class LaplaceZeroModel:
                 f, hinge_sum = f_new, new_sum
         return theta, gamma, b, f
 
+    def scale_and_excluded_terms(self, theta, gamma, sigma2_u, rng):
+        """The mixing variables b of the included terms from ``b_k | v_k, sigma_u``
+        (:meth:`mixing_conditional`), then ``sigma_u^2`` jointly with the excluded terms'
+        ``(v_k, b_k)``, and the other variances given their coefficients (conjugate). An
+        excluded term's pair enters nothing but its prior, so integrating it out leaves
+        ``sigma_u^2 | rest ~ IG(A + m_in/2, B + sum_{k in} b_k v_k^2 / 2)`` over the ``m_in``
+        included terms; the excluded pairs are then drawn from their prior given the new
+        ``sigma_u`` (``1/b_k ~ Exp(rate 1/2)``, ``v_k | b_k ~ N(0, sigma_u^2 / b_k)``). Drawn given
+        every pair instead, ``sigma_u^2`` is held by the excluded terms' prior draws, which were
+        themselves drawn given it. Returns ``(theta, b, sigma2)``."""
+        theta = np.array(theta, dtype=float, copy=True)
+        included = gamma == 1.0
+        v = theta[self.sel]
+        b = np.empty(self.m)
+        b[included] = self.mixing_conditional(v[included], sigma2_u).sample(rng)
+        sq = np.array([float(np.sum(b[included] * v[included] ** 2))]
+                      + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]])
+        sizes = self.sizes.copy()
+        sizes[0] = included.sum()
+        sigma2 = np.atleast_1d(InverseGamma(self.A + sizes / 2.0, self.B + sq / 2.0).sample(rng))
+        out = np.flatnonzero(~included)
+        b[out] = 0.5 / rng.standard_exponential(out.size)
+        theta[self.sel[out]] = np.sqrt(sigma2[0] / b[out]) * rng.standard_normal(out.size)
+        return theta, b, sigma2
+
     def mixing_conditional(self, v, sigma2_u) -> InverseGaussian:
         """Full conditional of the Laplace mixing variables, ``b_k | v_k, sigma_u ~
         InverseGaussian(sigma_u / |v_k|, 1)`` (prior ``b_k ~ IG(1, 1/2)``, ``v_k | b_k ~
@@ -867,7 +897,8 @@ class LaplaceZeroModel:
         theta | gamma, w, rest; the random effects' marginal moves
         (:meth:`random_effect_moves`); swaps of correlated terms (marginal, see
         :meth:`swap_moves`); add/delete of each term (marginal, after tuning's first half, see
-        :meth:`flip_moves`); w | f; b | v, sigma_u; variances | rest."""
+        :meth:`flip_moves`); w | f; the included terms' b | v, sigma_u; then sigma_u^2 with the
+        excluded terms' (v, b) and the other variances (:meth:`scale_and_excluded_terms`)."""
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         Lam = state.get("Lam", ())
@@ -882,10 +913,7 @@ class LaplaceZeroModel:
             theta, gamma, f = self.flip_moves(theta, gamma, b, state["sigma2"], f, flips, rng)
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
-        v = theta[self.sel]
-        b = self.mixing_conditional(v, state["sigma2"][0]).sample(rng)  # (the swaps only permuted b)
-        sq = [float(np.sum(b * v * v))] + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]]
-        sigma2 = np.atleast_1d(self.variance_posterior(sq).sample(rng))
+        theta, b, sigma2 = self.scale_and_excluded_terms(theta, gamma, state["sigma2"][0], rng)
         # Sigma_k | b ~ IW(scale + sum_l b_l b_l^T, df + m) (the conjugate step of the linear model)
         Sigmas = [qc.sample(rng) for qc in self.base.covariance_posteriors(self.base.scatter_matrices(theta))]
         if flips:
