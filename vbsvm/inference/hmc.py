@@ -29,8 +29,8 @@ import math
 
 import numpy as np
 
-__all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT", "TRAJECTORY",
-           "STEP_JITTER"]
+__all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT",
+           "TRAJECTORY", "STEP_JITTER"]
 
 #: acceptance probability the step is adapted to (Hoffman & Gelman's choice for plain HMC)
 TARGET_ACCEPT = 0.65
