@@ -105,9 +105,9 @@ class BlockTuner:
         phase = self.phase(state)
         if phase not in (self.TRYING, self.KEPT_IMH):
             return None
-        if phase == self.TRYING and float(state["imh_tries"]) >= GIVE_UP:
-            if self._rate(state, "imh") < 0.5 * self.min_accept:
-                return None
+        gave_up = float(state["imh_tries"]) >= GIVE_UP and self._rate(state, "imh") < 0.5 * self.min_accept
+        if phase == self.TRYING and gave_up:
+            return None
         return StudentTProposal(state["blk_mean"], state["blk_chol"], self.df)
 
     def runs_hmc(self, state) -> bool:

@@ -459,9 +459,11 @@ class LaplaceZeroModel:
             return SlopeSelectionPosterior(self, gram, s, tau, self.base.prior_blocks(covariance_precisions))
         return SelectionPosterior(self, gram, s, tau)
 
-    def variance_posterior(self, sq) -> InverseGamma:
-        """IG factor (VB) or full conditional (Gibbs) of every variance, given the sums of squares."""
-        return InverseGamma(self.A + self.sizes / 2.0, self.B + np.asarray(sq) / 2.0)
+    def variance_posterior(self, sq, sizes=None) -> InverseGamma:
+        """IG factor (VB) or full conditional (Gibbs) of every variance, given the sums of squares
+        over ``sizes`` coefficients (default: all of each variance's)."""
+        sizes = self.sizes if sizes is None else sizes
+        return InverseGamma(self.A + sizes / 2.0, self.B + np.asarray(sq) / 2.0)
 
     # ------------------------------------------------------------------ VB (Algorithm 3)
     def vb_initial_state(self, eta=ETA_INIT):
@@ -789,7 +791,7 @@ class LaplaceZeroModel:
                       + [float(np.sum(theta[c.index] ** 2)) for c in self.vcomps[1:]])
         sizes = self.sizes.copy()
         sizes[0] = included.sum()
-        sigma2 = np.atleast_1d(InverseGamma(self.A + sizes / 2.0, self.B + sq / 2.0).sample(rng))
+        sigma2 = np.atleast_1d(self.variance_posterior(sq, sizes).sample(rng))
         out = np.flatnonzero(~included)
         b[out] = 0.5 / rng.standard_exponential(out.size)
         theta[self.sel[out]] = np.sqrt(sigma2[0] / b[out]) * rng.standard_normal(out.size)
