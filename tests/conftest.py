@@ -62,16 +62,22 @@ def one_blas_thread():
 @pytest.fixture
 def block_phases(monkeypatch):
     """The phase of the linear sampler's block tuner
-    (:class:`vbsvm.inference.block_tuner.BlockTuner`) in every chain at the end of tuning."""
+    (:class:`vbsvm.inference.block_tuner.BlockTuner`) in every chain at the end of tuning (a list;
+    its ``surrogates`` attribute: the HMC trajectory surrogate each chain kept)."""
     from vbsvm.inference.block_tuner import BlockTuner
 
-    seen = []
+    class Seen(list):
+        surrogates: list
+
+    seen = Seen()
+    seen.surrogates = []
     adapt = BlockTuner.adapt
 
-    def spy(self, state, block, it, tune):
-        out = adapt(self, state, block, it, tune)
+    def spy(self, state, block, it, tune, mismatch=None):
+        out = adapt(self, state, block, it, tune, mismatch)
         if it == tune - 1:
             seen.append(BlockTuner.phase(out))
+            seen.surrogates.append(BlockTuner.surrogate(out))
         return out
 
     monkeypatch.setattr(BlockTuner, "adapt", spy)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbsvm.inference.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, BlockTuner
+from vbsvm.inference.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, SURROGATE_SD, BlockTuner
 from vbsvm.models import linear
 import test_reliability_exact as exact
 
@@ -116,3 +116,25 @@ def test_exact_posterior_with_principal_axis_slices(block_phases, monkeypatch):
     monkeypatch.setattr(linear.LinearSVMModel, "block_min_accept", 2.0)
     exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.DROPPED for ph in block_phases), block_phases
+
+
+def test_the_smoothest_trajectory_surrogate_whose_mismatch_varies_little_is_picked():
+    """Mismatches with sds 0.05, 0.15, 0.6 and 3 about arbitrary means: the tuner picks the second
+    (the widest with sd <= SURROGATE_SD) at each fit, from the sweeps it collects only; with every
+    sd too large, none (-1: the exact gradient)."""
+    rng = np.random.default_rng(2)
+    for sds, expected in [((0.05, 0.15, 0.6, 3.0), 1), ((0.5, 0.6, 0.7, 3.0), -1)]:
+        tuner = BlockTuner(2, surrogates=4)
+        state, seen, picks = tuner.initial_state(), 0, []
+        assert BlockTuner.surrogate(state) == -1
+        for it in range(320):
+            mismatch = None
+            if tuner.collects(state, it, 320):
+                mismatch = np.array([-3.0, -7.0, -12.0, -20.0]) + np.array(sds) * rng.standard_normal(4)
+                seen += 1
+            before = state.get("blk_chol")
+            state = tuner.adapt(state, rng.normal(size=2), it, 320, mismatch)
+            if state.get("blk_chol") is not before:
+                picks.append(BlockTuner.surrogate(state))
+        assert SURROGATE_SD < 0.6 and picks == [expected, expected]
+        assert seen == float(state["blk_count"]) == 220.0

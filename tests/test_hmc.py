@@ -2,9 +2,10 @@
 
 The transition against known targets (a skewed one by KS, a Gaussian's acceptance as the step
 shrinks); the dual averaging of the step; the gradient of the linear model's marginal target
-against finite differences; and, through the public API, the linear sampler with the move kept
-against the exact posterior by quadrature, with a broken variant (the acceptance without the
-kinetic energy) that the same check rejects. (The tuning that fits it: ``test_block_tuner.py``.)
+against finite differences; the smoothed hinge its trajectories may follow against quadrature;
+and, through the public API, the linear sampler with the move kept against the exact posterior
+by quadrature, with broken variants (the acceptance without the kinetic energy, or on the smoothed
+hinge) that the same check rejects. (The tuning that fits it: ``test_block_tuner.py``.)
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import integrate, stats
 
 from vbsvm.inference import hmc
+from vbsvm.inference import block_tuner
 from vbsvm.inference.block_tuner import BlockTuner
 from vbsvm.inference.hmc import hmc_transition, trajectory_steps, whiten
-from vbsvm.models import linear
+from vbsvm.models import hinge, linear
 import test_reliability_exact as exact
 from test_reliability_exact import P_MIN
 
@@ -169,3 +171,87 @@ def test_exact_check_detects_an_hmc_move_without_the_kinetic_energy(block_phases
     with pytest.raises(AssertionError):
         exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
+
+
+def _smoothed_hinge(g, width):
+    """The hinge convolved with Uniform(-width/2, width/2), by quadrature: an independent
+    statement of the piecewise ``h_width`` of :mod:`vbsvm.models.hinge`."""
+    return integrate.quad(lambda t: max(0.0, g - t) / width, -width / 2, width / 2, points=[g])[0]
+
+
+def test_smoothed_hinge_slope_and_mismatch_against_quadrature():
+    gaps = np.r_[np.linspace(-0.49, 0.51, 41), -3.0, 2.0, 0.0]  # no gap on a band edge (a kink of the slope)
+    widths = (0.05, 0.3, 0.8)
+    h = np.array([[_smoothed_hinge(g, w) for w in widths] for g in gaps])
+    expected = -2.0 * (np.maximum(gaps, 0.0)[:, None] - h).sum(axis=0)
+    np.testing.assert_allclose(hinge.smoothing_mismatch(gaps, widths), expected, rtol=1e-9, atol=1e-12)
+    eps = 1e-6
+    for w in widths:
+        slope = hinge.smoothed_hinge_slope(gaps, w, out=np.empty(gaps.size))
+        fd = [(_smoothed_hinge(g + eps, w) - _smoothed_hinge(g - eps, w)) / (2 * eps) for g in gaps]
+        np.testing.assert_allclose(slope, fd, atol=1e-6)
+    np.testing.assert_array_equal(hinge.smoothed_hinge_slope(gaps, 0.0, out=np.empty(gaps.size)), gaps > 0)
+
+
+def test_smoothed_target_keeps_the_exact_log_density_and_follows_the_smoothed_gradient():
+    """With a width the HMC target's value is still the exact log density, and its gradient is
+    that of the log density with the smoothed hinge (finite differences)."""
+    rng = np.random.default_rng(6)
+    n, width = 80, 0.4
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    model = linear.LinearSVMModel(X, y, [], np.r_[0.3, np.nan, np.nan], A=0.5, B=0.7)
+    f_rest = np.zeros(n)
+    exact_target = model._hmc_target(np.zeros(4), np.eye(4), f_rest)
+    smooth_target = model._hmc_target(np.zeros(4), np.eye(4), f_rest, width)
+
+    def smoothed_value(x):
+        gap = 1.0 - y * (model.Cd[:, :3] @ x[:3])
+        return exact_target(x)[0] - hinge.smoothing_mismatch(gap, [width])[0]
+
+    x = np.r_[0.3, -0.6, 0.8, math.log(0.9)]
+    assert smooth_target(x)[0] == exact_target(x)[0]
+    gap = 1.0 - y * (model.Cd[:, :3] @ x[:3])
+    assert np.sum(np.abs(gap) < width / 2) >= 3  # rows inside the smoothing band
+    h = 1e-6
+    fd = np.array([(smoothed_value(x + h * e) - smoothed_value(x - h * e)) / (2 * h) for e in np.eye(4)])
+    np.testing.assert_allclose(smooth_target(x)[1], fd, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(smooth_target(x)[1], exact_target(x)[1])
+
+
+@pytest.fixture
+def wide_surrogate(monkeypatch):
+    """Trajectories on the hinge smoothed over width 1.5 (the only one offered, picked whatever its
+    mismatch): far wider than the sampler would pick, so that an acceptance on the wrong density shows."""
+    monkeypatch.setattr(hinge, "SMOOTHING_WIDTHS", (1.5,))
+    monkeypatch.setattr(block_tuner, "SURROGATE_SD", math.inf)
+
+
+def test_exact_posterior_with_hmc_on_a_smoothed_hinge(block_phases, imh_rejects, wide_surrogate):
+    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
+    assert set(block_phases.surrogates) == {0}
+
+
+def test_exact_check_detects_hmc_accepting_on_the_smoothed_hinge(block_phases, imh_rejects, wide_surrogate,
+                                                                  monkeypatch):
+    """Accepting on the smoothed log density (the trajectory's own) targets the smoothed
+    posterior: rejected."""
+    smoothed = linear.LinearSVMModel._hmc_target
+
+    def accept_on_the_surrogate(self, x0, chol, f_rest, width=0.0):
+        target = smoothed(self, x0, chol, f_rest, width)
+
+        def broken(z):
+            value, grad, scores = target(z)
+            if grad is None:
+                return value, grad, scores
+            gap = 1.0 - self.y * (f_rest + scores)
+            return value - hinge.smoothing_mismatch(gap, [width])[0], grad, scores
+        return broken
+
+    monkeypatch.setattr(linear.LinearSVMModel, "_hmc_target", accept_on_the_surrogate)
+    with pytest.raises(AssertionError):
+        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    assert all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
+    assert set(block_phases.surrogates) == {0}

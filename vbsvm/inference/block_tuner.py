@@ -23,6 +23,15 @@ restarted). At the last tuning sweep the independence move is kept if its accept
 that trial reached ``min_accept``; otherwise HMC, with the averaged step, if its mean acceptance
 probability did; otherwise neither.
 
+**Trajectory surrogate.** A caller whose HMC trajectories may follow one of several surrogate
+log densities (the linear sampler's smoothed hinges, :data:`vbsvm.models.hinge.SMOOTHING_WIDTHS`,
+ordered from closest to the target to smoothest) passes, with each collected sweep, each
+surrogate's mismatch ``log target - log surrogate`` at the sweep's state. At each fit the tuner
+picks the smoothest whose mismatch has sd at most :data:`SURROGATE_SD` over the draws collected
+(:meth:`BlockTuner.surrogate`; -1 for none, the exact gradient): the mismatch enters the
+acceptance of every transition, so one whose sd across the posterior is small costs little of
+it, while a smoother trajectory takes a larger step.
+
 The state lives in the sampler's state dict (numeric arrays only, so checkpoints carry it), under
 keys prefixed ``blk_`` (phase and moments), ``imh_`` and ``hmc_`` (each move's trial).
 """
@@ -46,6 +55,10 @@ EVIDENCE = 40
 GIVE_UP = 200
 #: blocks with more coordinates than this are first fitted at ``tune/8`` instead of ``tune/4``
 EARLY_FIT_DIM = 20
+#: largest sd, over the collected draws, of the mismatch of a trajectory surrogate it may use
+#: (0.16 for the width picked on the Section 4.2 simulation with d = 50; its mismatch at the next
+#: wider width, 0.46, already cost ESS per second; module docstring)
+SURROGATE_SD = 0.2
 
 
 class BlockTuner:
@@ -62,18 +75,22 @@ class BlockTuner:
         trial needed to keep a move.
     min_tune : int
         Shortest tuning phase over which the block is fitted.
+    surrogates : int
+        Number of trajectory surrogates the caller offers HMC (module docstring).
     """
 
     COLLECTING, TRYING, KEPT_IMH, KEPT_HMC, DROPPED = 0, 1, 2, 3, 4
 
-    def __init__(self, dim, *, df=10.0, min_accept=0.2, min_tune=100):
+    def __init__(self, dim, *, df=10.0, min_accept=0.2, min_tune=100, surrogates=0):
         self.dim, self.df, self.min_accept, self.min_tune = dim, float(df), float(min_accept), int(min_tune)
+        self.surrogates = int(surrogates)
 
     def initial_state(self) -> dict:
-        d = self.dim
+        d, k = self.dim, self.surrogates
         log_step = -0.25 * math.log(max(d, 1))  # the optimal step of HMC shrinks as d^(-1/4)
         return {"blk_phase": np.array(self.COLLECTING), "blk_count": np.array(0.0), "blk_sum": np.zeros(d),
-                "blk_outer": np.zeros((d, d)), "hmc_log_step": np.array(log_step), **self._new_trial(log_step)}
+                "blk_outer": np.zeros((d, d)), "blk_mismatch_sum": np.zeros(k), "blk_mismatch_sq": np.zeros(k),
+                "hmc_surrogate": np.array(-1), "hmc_log_step": np.array(log_step), **self._new_trial(log_step)}
 
     @staticmethod
     def _new_trial(log_step) -> dict:
@@ -120,6 +137,11 @@ class BlockTuner:
                 and not self._goes_well(state, "imh"))
 
     @staticmethod
+    def surrogate(state) -> int:
+        """Index of the trajectory surrogate HMC follows (-1: the target's own gradient)."""
+        return int(state.get("hmc_surrogate", -1))
+
+    @staticmethod
     def hmc_step(state, rng) -> float:
         """This transition's step size: the adapted one times a jitter drawn from
         :data:`~vbsvm.inference.hmc.STEP_JITTER`."""
@@ -150,6 +172,17 @@ class BlockTuner:
                 "hmc_h_bar": np.array(h_bar), "hmc_log_step": np.array(log_step),
                 "hmc_log_step_bar": np.array(log_step_bar)}
 
+    def _smoothest_surrogate(self, state) -> int:
+        """The last surrogate whose mismatch over the collected draws has sd at most
+        :data:`SURROGATE_SD`, or -1."""
+        n = float(state["blk_count"])
+        if not self.surrogates or n < 2:
+            return -1
+        mean = state["blk_mismatch_sum"] / n
+        var = np.maximum(state["blk_mismatch_sq"] / n - mean ** 2, 0.0) * n / (n - 1.0)
+        ok = np.flatnonzero(np.sqrt(var) <= SURROGATE_SD)
+        return int(ok[-1]) if ok.size else -1
+
     def first_fit(self, tune) -> int:
         """Sweep count at which the block is first fitted: ``tune/4``, or ``tune/8`` for a block of
         more than :data:`EARLY_FIT_DIM` coordinates. Until then the block moves by slice sampling
@@ -160,19 +193,30 @@ class BlockTuner:
         three seeds: min bulk ESS 6334-6578 at ``tune/4``, 5336-6167 at ``tune/8``)."""
         return tune // (8 if self.dim > EARLY_FIT_DIM else 4)
 
-    def adapt(self, state, block, it, tune) -> dict:
+    def collects(self, state, it, tune) -> bool:
+        """Whether tuning sweep ``it`` is collected (so that a caller computes the surrogates'
+        mismatch only then)."""
+        return (tune >= self.min_tune and self.phase(state) in (self.COLLECTING, self.TRYING)
+                and tune // 16 <= it < (3 * tune) // 4)
+
+    def adapt(self, state, block, it, tune, mismatch=None) -> dict:
         """Update the tuner after tuning sweep ``it`` (of ``tune``) whose block value is ``block``
-        (the schedule of the module docstring)."""
+        (the schedule of the module docstring); ``mismatch``, the trajectory surrogates'
+        mismatch at the sweep's state (one per surrogate), is needed on the sweeps it
+        :meth:`collects`."""
         state = dict(state)
         phase = self.phase(state)
         if tune < self.min_tune:
             state["blk_phase"] = np.array(self.DROPPED)
             return state
-        start, first_fit, refit = tune // 16, self.first_fit(tune), (3 * tune) // 4
-        if phase in (self.COLLECTING, self.TRYING) and start <= it < refit:
+        first_fit, refit = self.first_fit(tune), (3 * tune) // 4
+        if self.collects(state, it, tune):
             state["blk_count"] = state["blk_count"] + 1.0
             state["blk_sum"] = state["blk_sum"] + block
             state["blk_outer"] = state["blk_outer"] + np.outer(block, block)
+            if self.surrogates:
+                state["blk_mismatch_sum"] = state["blk_mismatch_sum"] + mismatch
+                state["blk_mismatch_sq"] = state["blk_mismatch_sq"] + np.square(mismatch)
         if phase in (self.COLLECTING, self.TRYING) and it in (first_fit - 1, refit - 1):
             n = float(state["blk_count"])
             mean = state["blk_sum"] / n
@@ -183,6 +227,7 @@ class BlockTuner:
                 state["blk_phase"] = np.array(self.DROPPED)
                 return state
             state.update(blk_phase=np.array(self.TRYING), blk_mean=prop.mean, blk_chol=prop.chol,
+                         hmc_surrogate=np.array(self._smoothest_surrogate(state)),
                          **self._new_trial(float(state["hmc_log_step"])))
         if phase == self.TRYING and it == tune - 1:
             keep = (self.KEPT_IMH if self._goes_well(state, "imh") else

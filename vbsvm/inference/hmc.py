@@ -16,6 +16,14 @@ independently of the state (which keeps this). The hinge makes :math:`\log\pi` p
 quadratic: its gradient jumps where a row crosses the margin, which costs acceptance (an energy
 error of order :math:`\epsilon` at each crossing) but not exactness.
 
+**Surrogate trajectories.** The gradient that drives the leapfrog steps need not be the target's:
+each step is a shear (momentum moved by a function of position, position by a function of
+momentum), volume preserving and, with the momentum flipped, reversible for any position-dependent
+force. The end point is accepted with the target's own log density, so the transition keeps the
+target whatever the force; a force closer to the target's only raises the acceptance. The linear
+sampler uses the gradient of a smoothed hinge (:mod:`vbsvm.models.hinge`), which lets it take
+about twice the step at the same acceptance.
+
 **Tuning** (:class:`vbsvm.inference.block_tuner.BlockTuner`). The metric is the block's
 covariance collected during tuning; the step is adapted by dual averaging towards acceptance
 :data:`TARGET_ACCEPT` (Hoffman & Gelman 2014, Section 3.2.1, :func:`dual_average`) and fixed at
@@ -57,7 +65,8 @@ def hmc_transition(logp_grad, z, current, step, n_steps, rng):
     ----------
     logp_grad : callable
         ``z -> (log density, gradient in z, aux)``; ``aux`` is anything the caller wants back for
-        the state the chain ends at (the linear model's scores).
+        the state the chain ends at (the linear model's scores). The log density must be the
+        target's; the gradient may be a surrogate's (module docstring).
     z : ndarray (d,)
         Current state (not modified).
     current : tuple
