@@ -38,7 +38,8 @@ Gaussian between the rows' kinks, drawn exactly by :func:`sample_offsets`.
 
 **Smoothed hinge** (for the trajectories of the linear sampler's HMC move only). The leapfrog
 integrator's energy error jumps each time a row crosses its kink, which caps HMC's step. Its
-trajectories may instead follow the gradient of the hinge smoothed over a width :math:`\delta`,
+trajectories may instead follow the gradient of the hinge smoothed over a width :math:`\delta`
+(the hinge convolved with the uniform density on :math:`[-\delta/2, \delta/2]`),
 
 .. math::
 
@@ -47,8 +48,8 @@ trajectories may instead follow the gradient of the hinge smoothed over a width 
 
 (:func:`smoothed_hinge_slope`: :math:`h_\delta'(g) = \min\{1, \max\{0, g/\delta + 1/2\}\}`)
 while the acceptance uses the exact hinge: leapfrog steps are shears, volume preserving and
-reversible for any gradient field, so the transition keeps the exact posterior whatever the
-width; a wider one only costs acceptance through the mismatch
+reversible for any position-dependent force (:mod:`vbsvm.inference.hmc`), so the transition
+keeps the exact posterior whatever the width; a wider one only costs acceptance through the mismatch
 :math:`-2\sum_i \{(g_i)_+ - h_\delta(g_i)\}` between the two log densities
 (:func:`smoothing_mismatch`, which varies only through the rows within :math:`\delta/2` of
 their kink). The sampler picks the widest of :data:`SMOOTHING_WIDTHS` whose mismatch varies
