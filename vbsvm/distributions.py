@@ -1040,6 +1040,8 @@ class InverseGamma:
         numpy.ndarray
             Float64 draws of shape ``size + self.shape``.
         """
+        if size is None:  # the Gibbs samplers' per-sweep call: the same draws without the broadcasts
+            return self.b / rng.standard_gamma(self.a)
         full = _size_tuple(size) + self.shape
         g = rng.standard_gamma(np.broadcast_to(self.a, full), size=full)
         return np.broadcast_to(self.b, full) / g
