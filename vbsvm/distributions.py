@@ -51,7 +51,8 @@ Parametrisations
     :math:`\log(1-p)` accurate for extreme logits.
 ``sample_truncated_normal(mean, sd, low, high, rng)``
     Draws of :math:`N(\mu, s^2)` restricted to :math:`[l, h]`, by inversion in log space
-    (accurate far in the tails).
+    (accurate far in the tails); ``sample_truncated_std_normal`` is its core, for callers that
+    already hold the interval's log normal CDFs.
 
 Conventions
 -----------
@@ -107,6 +108,7 @@ __all__ = [
     "Bernoulli",
     "sample_gig_half",
     "sample_truncated_normal",
+    "sample_truncated_std_normal",
     "CHI_FLOOR",
 ]
 
@@ -441,9 +443,29 @@ def sample_truncated_normal(mean, sd, low, high, rng):
     log_a, log_b = sc.log_ndtr(a), sc.log_ndtr(b)
     with np.errstate(divide="ignore"):
         log_mass = log_b + np.log(-np.expm1(log_a - log_b))
-        log_u = np.log(rng.random(mean.shape))
-    z = np.clip(sc.ndtri_exp(np.logaddexp(log_a, log_u + log_mass)), a, b)
+    z = sample_truncated_std_normal(a, b, log_a, log_mass, rng)
     return mean + sd * np.where(reflect, -z, z)
+
+
+def sample_truncated_std_normal(a, b, log_a, log_mass, rng):
+    """Draws of a standard normal restricted to ``[a, b]`` with ``a <= 0`` (an interval with
+    ``a > 0`` is reflected by the caller, as :func:`sample_truncated_normal` does), given
+    ``log_a = log Phi(a)`` and ``log_mass = log(Phi(b) - Phi(a))``:
+    ``ndtri_exp(logaddexp(log_a, log U + log_mass))``, clipped to the interval.
+
+    Parameters
+    ----------
+    a, b, log_a, log_mass : ndarray
+        Of one shape.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    with np.errstate(divide="ignore"):
+        log_u = np.log(rng.random(a.shape))
+    return np.clip(sc.ndtri_exp(np.logaddexp(log_a, log_u + log_mass)), a, b)
 
 
 # ---------------------------------------------------------------------------

@@ -63,7 +63,7 @@ import math
 import numpy as np
 from scipy.special import log_ndtr
 
-from ..distributions import GIG, InverseGaussian, sample_truncated_normal
+from ..distributions import GIG, InverseGaussian, sample_truncated_std_normal
 
 __all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response",
            "GroupLayout", "sample_offsets", "SMOOTHING_WIDTHS", "smoothed_hinge_slope", "smoothing_mismatch"]
@@ -226,7 +226,8 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     restricted to the interval, with mass
     :math:`\exp(\sigma^2\beta^2/2 + \gamma)\,[\Phi(b) - \Phi(a)]` (up to a common factor). The
     draw picks an interval by these masses (inversion of each group's cumulative masses) and then
-    a truncated normal in it (:func:`~vbsvm.distributions.sample_truncated_normal`): an exact
+    a truncated normal in it (:func:`~vbsvm.distributions.sample_truncated_std_normal`, from
+    the log normal CDFs the masses were computed with): an exact
     Gibbs step, where a slice move is one step of a chain. All groups at once: one sort of the n
     kinks and a few passes over the ``n + m`` intervals (:class:`GroupLayout`). A row with
     ``slope_i = 0`` does not depend on u_l; its kink is put at ``+inf`` (an empty interval).
@@ -277,7 +278,9 @@ def sample_offsets(gap, slope, layout, prior_var, rng):
     # a target rounded up to the group's total must not land on a trailing empty interval
     last = np.maximum.reduceat(np.where(weight > 0.0, np.arange(weight.size), -1), layout.interval_start)
     chosen = np.clip(chosen, layout.interval_start, last)
-    return sample_truncated_normal(mean[chosen], sd, low[chosen], high[chosen], rng)
+    log_interval = log_b[chosen] + np.log(mass[chosen])  # log(Phi(b) - Phi(a)): nonempty, mass > 0
+    z = sample_truncated_std_normal(a[chosen], b[chosen], log_a[chosen], log_interval, rng)
+    return mean[chosen] + sd * np.where(reflect[chosen], -z, z)
 
 
 def _sum_below(signed, up_total, layout):
