@@ -282,7 +282,7 @@ def test_checkpoint_resume_gives_the_uninterrupted_draws(tmp_path):
     assert list(tmp_path.iterdir()) == []  # removed once the run completed
 
 
-def test_checkpoint_of_another_run_is_refused(tmp_path):
+def test_checkpoint_of_another_run_is_refused(tmp_path, monkeypatch):
     from vbsvm.exceptions import InputError
 
     base = tmp_path / "run"
@@ -291,6 +291,12 @@ def test_checkpoint_of_another_run_is_refused(tmp_path):
                    progress=False)
     with pytest.raises(InputError, match="another run"):
         run_chains(Counter(), checkpoint=base, draws=31, tune=5, chains=1, seed=1, progress=False)
+    # the same run by a sampler whose state has another entry (another version of the model)
+    initial = Counter.gibbs_initial_state
+    monkeypatch.setattr(Counter, "gibbs_initial_state", lambda self, rng: {**initial(self, rng), "extra": np.zeros(1)})
+    with pytest.raises(InputError, match="another run"):
+        run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=1, progress=False)
+    monkeypatch.undo()
     (tmp_path / "run.chain0.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match="cannot be read"):
         run_chains(Counter(), checkpoint=base, draws=30, tune=5, chains=1, seed=1, progress=False)

@@ -31,7 +31,8 @@ extension, serially or in parallel.
 
 **Checkpoints** (``checkpoint=``): each chain writes its position, state, kept draws and
 generator state to ``<checkpoint>.chain<c>.npz`` at sweep boundaries; a rerun with the same
-arguments resumes every chain and gives the draws of an uninterrupted run. A checkpointed run is
+arguments resumes every chain and gives the draws of an uninterrupted run (a file of another run,
+or of a sampler whose state has other entries, is refused with an error). A checkpointed run is
 not extended (``max_draws`` is ignored): a resumed run could not retrace the block decisions.
 
 **Worker processes** (``n_jobs > 1``) are started with the ``fork`` method on Linux: a forked
@@ -208,7 +209,8 @@ class Checkpoint:
                              "delete it to start afresh.") from None
         if meta != self.meta:
             raise InputError(f"the checkpoint {self.path!r} belongs to another run (its seed, draws, tune, thin, "
-                             "chains or recorded names differ); delete it or pass another checkpoint path.")
+                             "chains or recorded names differ, or it was written by a sampler with another state, "
+                             "e.g. another vbsvm version); delete it or pass another checkpoint path.")
         rng.bit_generator.state = generator
         state = {k[len("state:"):]: v for k, v in arrays.items() if k.startswith("state:")}
         for name in kept:
@@ -294,8 +296,10 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         if seed is None:
             raise InputError("checkpoint= needs a seed (e.g. seed=1): a resumed chain must continue the "
                              "same random stream.")
+        # the names of the sampler's state (from a throwaway initial state): a checkpoint written by
+        # a sampler whose state differs (another vbsvm version) is refused, not resumed with keys missing
         meta = {"draws": draws, "tune": tune, "thin": thin, "chains": chains, "record": list(record),
-                "model": type(model).__name__}
+                "model": type(model).__name__, "state": sorted(model.gibbs_initial_state(np.random.default_rng(0)))}
         points = [Checkpoint(checkpoint, c, dict(meta, start=rngs[c].bit_generator.state), checkpoint_every)
                   for c in range(chains)]
     cap = draws if monitor is None or checkpoint is not None else max(
