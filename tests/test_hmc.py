@@ -99,7 +99,7 @@ def test_marginal_target_gradient_matches_finite_differences():
     assert list(model._block_variances) == [0]
     f_rest = rng.normal(size=5)[codes]
     Xf = model.Cd[:, : model.p]
-    target = model._hmc_target(np.zeros(4), np.eye(4), f_rest)  # z = x
+    target, gradient = model._hmc_target(np.zeros(4), np.eye(4), f_rest)  # z = x
 
     def value(x):
         return target(x)[0]
@@ -114,7 +114,7 @@ def test_marginal_target_gradient_matches_finite_differences():
     L = np.linalg.cholesky(np.array([[1.0, 0.3, 0, 0], [0.3, 2.0, 0.1, 0], [0, 0.1, 0.5, 0.2], [0, 0, 0.2, 0.8]]))
     x0 = np.r_[0.1, 0.2, -0.3, 0.1]
     z = np.linalg.solve(L, x - x0)
-    whitened = model._hmc_target(x0, L, f_rest)(z)
+    whitened = model._hmc_target(x0, L, f_rest)[0](z)
     assert whitened[0] == pytest.approx(value(x), abs=1e-9)
     np.testing.assert_allclose(whitened[1], L.T @ grad, rtol=1e-9, atol=1e-12)
     # the value, up to a constant: hinge, the intercept's N(0, 1/0.3), N(0, sigma2_u) on the
@@ -127,8 +127,10 @@ def test_marginal_target_gradient_matches_finite_differences():
 
     other = np.r_[-1.1, 0.3, 0.2, math.log(0.4)]
     assert value(x) - reference(x) == pytest.approx(value(other) - reference(other), abs=1e-9)
-    # outside the variance range: -inf
+    # outside the variance range: -inf, and no gradient
     assert value(np.r_[x[:3], 1e3]) == -math.inf
+    assert gradient(np.r_[x[:3], 1e3]) is None
+    np.testing.assert_array_equal(gradient(x), grad)  # the trajectories' gradient-only map
 
 
 def test_the_batched_target_of_the_independence_move_is_the_same_density():
@@ -144,7 +146,7 @@ def test_the_batched_target_of_the_independence_move_is_the_same_density():
     pts[3, -1] = 1e3
     F = Xf @ pts[:3]
     batched = model._imh_log_target(pts, F)
-    target = model._hmc_target(np.zeros(4), np.eye(4), np.zeros(n))
+    target = model._hmc_target(np.zeros(4), np.eye(4), np.zeros(n))[0]
     single = [target(pts[:, k])[0] for k in range(pts.shape[1])]
     np.testing.assert_allclose(batched, single, rtol=1e-12)
     assert batched[-1] == -math.inf
@@ -202,8 +204,8 @@ def test_smoothed_target_keeps_the_exact_log_density_and_follows_the_smoothed_gr
     y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
     model = linear.LinearSVMModel(X, y, [], np.r_[0.3, np.nan, np.nan], A=0.5, B=0.7)
     f_rest = np.zeros(n)
-    exact_target = model._hmc_target(np.zeros(4), np.eye(4), f_rest)
-    smooth_target = model._hmc_target(np.zeros(4), np.eye(4), f_rest, width)
+    exact_target = model._hmc_target(np.zeros(4), np.eye(4), f_rest)[0]
+    smooth_target, smooth_gradient = model._hmc_target(np.zeros(4), np.eye(4), f_rest, width)
 
     def smoothed_value(x):
         gap = 1.0 - y * (model.Cd[:, :3] @ x[:3])
@@ -216,6 +218,7 @@ def test_smoothed_target_keeps_the_exact_log_density_and_follows_the_smoothed_gr
     h = 1e-6
     fd = np.array([(smoothed_value(x + h * e) - smoothed_value(x - h * e)) / (2 * h) for e in np.eye(4)])
     np.testing.assert_allclose(smooth_target(x)[1], fd, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(smooth_gradient(x), smooth_target(x)[1])  # the trajectories' gradient-only map
     assert not np.allclose(smooth_target(x)[1], exact_target(x)[1])
 
 
@@ -240,7 +243,7 @@ def test_exact_check_detects_hmc_accepting_on_the_smoothed_hinge(block_phases, i
     smoothed = linear.LinearSVMModel._hmc_target
 
     def accept_on_the_surrogate(self, x0, chol, f_rest, width=0.0):
-        target = smoothed(self, x0, chol, f_rest, width)
+        target, gradient = smoothed(self, x0, chol, f_rest, width)
 
         def broken(z):
             value, grad, scores = target(z)
@@ -248,7 +251,7 @@ def test_exact_check_detects_hmc_accepting_on_the_smoothed_hinge(block_phases, i
                 return value, grad, scores
             gap = 1.0 - self.y * (f_rest + scores)
             return value - hinge.smoothing_mismatch(gap, [width])[0], grad, scores
-        return broken
+        return broken, gradient
 
     monkeypatch.setattr(linear.LinearSVMModel, "_hmc_target", accept_on_the_surrogate)
     with pytest.raises(AssertionError):

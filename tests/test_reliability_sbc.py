@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 import vbsvm.models.hinge as hinge
+import vbsvm.models.linear as linear
 from vbsvm.distributions import InverseGamma
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.selection import LaplaceZeroModel
@@ -130,6 +131,12 @@ def test_sbc_variance_components_given_coefficients(n_rep):
     ranks = {nm: (post[:, :, k] < truth[None, :, k]).sum(0) for k, nm in enumerate(names)}
     pv = _check("variances | theta", ranks, L, 20)
     _assert_uniform(pv)
+    # the Gibbs sweep's own draw (no InverseGamma object built) is this conditional's, draw for draw,
+    # also where a draw falls outside the variance range (then by inversion)
+    for row in [*sq[:50], np.r_[1e25, np.ones(len(sizes) - 1)]]:
+        seed = int(rng.integers(2 ** 32))
+        reference = model.variance_posterior(row).sample_truncated(linear.VARIANCE_RANGE, np.random.default_rng(seed))
+        np.testing.assert_array_equal(model._sample_variances(row, np.random.default_rng(seed)), reference)
 
 
 def test_sbc_variance_detects_wrong_scale():
@@ -158,8 +165,8 @@ def _linear_sbc(n_rep, L, thin, seed, wrong=False):
     comps = base.variance_components
     C = base.dense_design()
     if wrong:  # a sampler whose variance update ignores half of the sum of squares
-        orig = base.variance_posterior
-        base.variance_posterior = lambda sq: orig(np.asarray(sq) * 0.5)
+        orig = base._sample_variances
+        base._sample_variances = lambda sq, rng: orig(np.asarray(sq) * 0.5, rng)
 
     def simulate(rng):
         s2 = InverseGamma(A, B).sample(rng, size=len(comps))

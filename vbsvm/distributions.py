@@ -107,6 +107,7 @@ __all__ = [
     "InverseWishart",
     "Bernoulli",
     "sample_gig_half",
+    "sample_inverse_gamma_truncated",
     "sample_truncated_normal",
     "sample_truncated_std_normal",
     "CHI_FLOOR",
@@ -1069,9 +1070,8 @@ class InverseGamma:
         return np.broadcast_to(self.b, full) / g
 
     def sample_truncated(self, bounds, rng):
-        """One draw of each component restricted to ``bounds = (lo, hi)``: a plain draw when it
-        falls inside (almost always), else by inversion of the CDF on the log scale
-        (``1/x ~ Gamma(shape, rate=scale)`` truncated to ``(1/hi, 1/lo)``).
+        """One draw of each component restricted to ``bounds = (lo, hi)``
+        (:func:`sample_inverse_gamma_truncated`).
 
         Parameters
         ----------
@@ -1083,17 +1083,40 @@ class InverseGamma:
         numpy.ndarray
             Draws of shape ``self.shape``.
         """
-        lo, hi = bounds
-        x = np.atleast_1d(self.sample(rng))
-        out = (x <= lo) | (x >= hi)
-        if out.any():
-            a = np.broadcast_to(self.a, x.shape)[out]
-            b = np.broadcast_to(self.b, x.shape)[out]
-            # survival function of the gamma precision 1/x at 1/lo and 1/hi, inverted
-            log_s_lo, log_s_hi = sc.gammaincc(a, b / lo), sc.gammaincc(a, b / hi)
-            u = log_s_lo + (log_s_hi - log_s_lo) * rng.random(a.shape)
-            x[out] = np.clip(b / sc.gammainccinv(a, u), lo, hi)
-        return x
+        return sample_inverse_gamma_truncated(self.a, self.b, bounds, rng)
+
+
+def sample_inverse_gamma_truncated(shape, scale, bounds, rng):
+    """One draw of ``IG(shape_k, scale_k)`` restricted to ``bounds = (lo, hi)`` for each k: a plain
+    draw ``scale / Gamma(shape, 1)`` when it falls inside (almost always), else by inversion of
+    the CDF (``1/x ~ Gamma(shape, rate=scale)`` truncated to ``(1/hi, 1/lo)``). Takes the
+    parameters as they are (positive float arrays of one shape, unchecked): the Gibbs samplers
+    call it every sweep, where :class:`InverseGamma`'s checks and broadcasts cost several times
+    the draw.
+
+    Parameters
+    ----------
+    shape, scale : numpy.ndarray
+        Positive, of one shape (at least 1-d).
+    bounds : tuple of float
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    numpy.ndarray
+        Draws of that shape.
+    """
+    lo, hi = bounds
+    x = np.atleast_1d(scale / rng.standard_gamma(shape))
+    out = (x <= lo) | (x >= hi)
+    if out.any():
+        a = np.broadcast_to(shape, x.shape)[out]
+        b = np.broadcast_to(scale, x.shape)[out]
+        # survival function of the gamma precision 1/x at 1/lo and 1/hi, inverted
+        log_s_lo, log_s_hi = sc.gammaincc(a, b / lo), sc.gammaincc(a, b / hi)
+        u = log_s_lo + (log_s_hi - log_s_lo) * rng.random(a.shape)
+        x[out] = np.clip(b / sc.gammainccinv(a, u), lo, hi)
+    return x
 
 
 # ---------------------------------------------------------------------------

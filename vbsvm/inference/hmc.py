@@ -53,7 +53,7 @@ MAX_STEPS = 40
 STEP_JITTER = (0.8, 1.2)
 
 
-def hmc_transition(logp_grad, z, current, step, n_steps, rng):
+def hmc_transition(logp_grad, z, current, step, n_steps, rng, gradient=None):
     """One HMC transition with a unit metric, in whitened coordinates.
 
     A dense metric ``(L L^T)^{-1}`` is the unit metric in the coordinates ``z`` of
@@ -75,6 +75,10 @@ def hmc_transition(logp_grad, z, current, step, n_steps, rng):
         Leapfrog step.
     n_steps : int
     rng : numpy.random.Generator
+    gradient : callable, optional
+        ``z -> gradient in z`` (None outside the support), for the steps inside the trajectory,
+        where the log density is not needed; by default ``logp_grad(z)[1]``. The linear model
+        passes one that skips the log density's own passes over the design.
 
     Returns
     -------
@@ -87,13 +91,16 @@ def hmc_transition(logp_grad, z, current, step, n_steps, rng):
     h0 = -lp0 + kinetic_energy(p)
     z_new = z.copy()
     p += 0.5 * step * g
-    for k in range(n_steps):
+    for _ in range(n_steps - 1):
         z_new += step * p
-        new = logp_grad(z_new)
-        if not math.isfinite(new[0]):
+        g = logp_grad(z_new)[1] if gradient is None else gradient(z_new)
+        if g is None:  # outside the support
             return z, current, 0.0
-        if k < n_steps - 1:
-            p += step * new[1]
+        p += step * g
+    z_new += step * p
+    new = logp_grad(z_new)
+    if not math.isfinite(new[0]):
+        return z, current, 0.0
     p += 0.5 * step * new[1]
     h1 = -new[0] + kinetic_energy(p)
     accept_prob = math.exp(min(0.0, h0 - h1)) if math.isfinite(h1) else 0.0
