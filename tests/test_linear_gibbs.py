@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import vbsvm
+from vbsvm import results
 from test_reliability_helpers import ess, grid_cdf, hinge_sum, ks_1samp_ess, ks_2samp_ess
 
 
@@ -141,6 +142,12 @@ def test_summary_shows_rhat_and_ess(small):
     assert "r_hat" in text and "ess_bulk" in text and "Max R-hat" in text
     diag = fit.diagnostics()
     assert {"r_hat", "ess_bulk", "ess_tail", "mcse_mean"} <= set(diag.columns)
+    # every parameter is a summary one here: the table the fit's warning check made, by value
+    fresh = results.diagnostics_table(fit._posterior_dataset())
+    pd.testing.assert_frame_equal(diag, fresh)
+    pd.testing.assert_frame_equal(diag, fit.summary_diagnostics())
+    diag.iloc[0, 0] = -1.0  # a copy: the cached table is not the caller's
+    assert fit.diagnostics().iloc[0, 0] != -1.0 and fit.summary_diagnostics().iloc[0, 0] != -1.0
 
 
 def test_convergence_warning_names_the_worst_parameter_and_the_draws_needed():

@@ -232,7 +232,10 @@ class Fit:
         return self._cache["diagnostics"].copy()
 
     def _compute_diagnostics(self) -> pd.DataFrame:
-        return diagnostics_table(self._posterior_dataset())
+        post = self._posterior_dataset()
+        if "summary_diagnostics" in self._cache and all(is_summary_variable(v) for v in post.data_vars):
+            return self._cache["summary_diagnostics"].copy()  # the fit's warning check made this very table
+        return diagnostics_table(post)
 
     def summary_diagnostics(self) -> pd.DataFrame | None:
         """:meth:`diagnostics` of the summary parameters only: the fixed effects ``beta[...]`` and
