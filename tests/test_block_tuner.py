@@ -138,3 +138,30 @@ def test_the_smoothest_trajectory_surrogate_whose_mismatch_varies_little_is_pick
                 picks.append(BlockTuner.surrogate(state))
         assert SURROGATE_SD < 0.6 and picks == [expected, expected]
         assert seen == float(state["blk_count"]) == 220.0
+
+
+def test_w_is_drawn_when_a_sweep_resumes_the_augmented_steps(monkeypatch):
+    """A sweep that skips the augmented steps (a trial going well) leaves w undrawn; the next sweep
+    that makes them (the trial no longer going well) first draws w given the current scores."""
+    rng = np.random.default_rng(0)
+    n = 40
+    X = np.column_stack([np.ones(n), rng.normal(size=(n, 2))])
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    model = linear.LinearSVMModel(X, y, [], np.r_[0.3, np.nan, np.nan], A=0.5, B=0.7)
+    tuner = model._tuner
+    trying = {**tuner.initial_state(), "blk_phase": np.array(BlockTuner.TRYING), "blk_mean": np.zeros(4),
+              "blk_chol": 0.1 * np.eye(4), "blk_directions": 0.1 * np.eye(3)}
+    theta = np.r_[0.1, 0.3, -0.2]
+    state = {**model.gibbs_initial_state(rng), **trying, "theta": theta, "f": model.predictor(theta),
+             "sigma2": np.array([1.0]), "imh_tries": np.array(80.0), "imh_accepts": np.array(40.0)}
+    assert tuner.replaces_slice_moves(state)
+    state = model.gibbs_sweep(state, rng)
+    assert state["w"].size == 0
+    calls = []
+    original = linear.hinge.sample_inverse
+    monkeypatch.setattr(linear.hinge, "sample_inverse", lambda y, f, rng: calls.append(f.copy()) or original(y, f, rng))
+    going_badly = {**state, "imh_accepts": np.array(0.0), "hmc_tries": np.array(0.0)}
+    assert not tuner.replaces_slice_moves(going_badly)
+    after = model.gibbs_sweep(going_badly, rng)
+    np.testing.assert_array_equal(calls[0], state["f"])  # first, given the scores the last sweep ended at
+    assert len(calls) == 2 and after["w"].size == n  # and again at the end of this sweep

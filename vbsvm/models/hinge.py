@@ -46,8 +46,8 @@ trajectories may instead follow the gradient of the hinge smoothed over a width 
     h_\delta(g) = 0 \ (g \le -\delta/2), \qquad (g + \delta/2)^2 / (2\delta) \ (|g| < \delta/2), \qquad
     g \ (g \ge \delta/2),
 
-(:func:`smoothed_hinge_slope`: :math:`h_\delta'(g) = \min\{1, \max\{0, g/\delta + 1/2\}\}`)
-while the acceptance uses the exact hinge: leapfrog steps are shears, volume preserving and
+(slope :math:`h_\delta'(g) = \min\{1, \max\{0, g/\delta + 1/2\}\}`, formed in the HMC target of
+:class:`~vbsvm.models.linear.LinearSVMModel`) while the acceptance uses the exact hinge: leapfrog steps are shears, volume preserving and
 reversible for any position-dependent force (:mod:`vbsvm.inference.hmc`), so the transition
 keeps the exact posterior whatever the width; a wider one only costs acceptance through the mismatch
 :math:`-2\sum_i \{(g_i)_+ - h_\delta(g_i)\}` between the two log densities
@@ -66,7 +66,7 @@ from scipy.special import log_ndtr
 from ..distributions import GIG, InverseGaussian, sample_truncated_std_normal
 
 __all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response",
-           "GroupLayout", "sample_offsets", "SMOOTHING_WIDTHS", "smoothed_hinge_slope", "smoothing_mismatch"]
+           "GroupLayout", "sample_offsets", "SMOOTHING_WIDTHS", "smoothing_mismatch"]
 
 #: chi is clipped below at this value so that E[1/a] = chi^(-1/2) stays finite when a point sits
 #: exactly on the margin (1 - y f = 0 and no posterior variance, e.g. in MAP/EM iterations).
@@ -149,17 +149,6 @@ def sample_inverse(y, f, rng):
 #: collapsed and the min ESS fell to 25); breast_cancer: 394 / 409 exact, 461 / 442 at 0.3, 522
 #: at 0.6, 299 at 1.0 (mismatch sd 0.12: wider than 0.6 no longer pays even when it is small)
 SMOOTHING_WIDTHS = (0.025, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6)
-
-
-def smoothed_hinge_slope(gap, width, out):
-    """``h_width'(gap) = min(1, max(0, gap / width + 1/2))`` (module docstring), written into ``out``
-    (same shape as ``gap``); ``width = 0`` gives the exact hinge's ``1[gap > 0]``."""
-    if width <= 0.0:
-        return np.greater(gap, 0.0, out=out)
-    np.multiply(gap, 1.0 / width, out=out)
-    np.add(out, 0.5, out=out)
-    np.maximum(out, 0.0, out=out)  # the ufuncs: np.clip costs twice their time here (HMC's inner loop)
-    return np.minimum(out, 1.0, out=out)
 
 
 def smoothing_mismatch(gap, widths) -> np.ndarray:

@@ -1180,8 +1180,7 @@ class LinearSVMModel:
         in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian), with
         the metric and step fitted during tuning (:mod:`vbsvm.inference.hmc`), whitened by the
         metric (:meth:`_hmc_target`), its trajectories on the hinge smoothed over the width picked
-        in tuning (:func:`~vbsvm.models.hinge.smoothed_hinge_slope`; the acceptance uses the
-        exact hinge). Each leapfrog step costs two O(np) products (scores and
+        in tuning (:mod:`vbsvm.models.hinge`; the acceptance uses the exact hinge). Each leapfrog step costs two O(np) products (scores and
         gradient). Like the other marginal moves it must be followed by a fresh ``w | theta``.
         Returns ``(theta, f, sigma2, accept_prob)``."""
         p, own, chol = self.p, self._block_variances, tuner["blk_chol"]
@@ -1209,8 +1208,8 @@ class LinearSVMModel:
         returns ``(target, gradient)``, the map ``z -> (log density, gradient in z, X beta)`` and
         the map ``z -> gradient in z`` (None outside the support) that the steps inside a
         trajectory call. The hinge contributes ``2 X^T (y * 1[y f < 1])`` to the gradient in x
-        (with ``width > 0``, the gradient of the hinge smoothed over that width,
-        :func:`~vbsvm.models.hinge.smoothed_hinge_slope`, in place of the indicator; the log
+        (with ``width > 0``, the slope ``h_w'`` of the hinge smoothed over that width,
+        :mod:`vbsvm.models.hinge`, in place of the indicator; the log
         density stays the exact one), each variance ``-(m_k/2 + A) + e^{-eta_k} (||beta_k||^2/2 +
         B)``; the gradient in z is chol^T times it.
 
