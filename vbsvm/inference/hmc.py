@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg.blas import daxpy
 
 __all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT",
            "TRAJECTORY", "STEP_JITTER"]
@@ -90,18 +91,20 @@ def hmc_transition(logp_grad, z, current, step, n_steps, rng, gradient=None):
     p = rng.standard_normal(z.size)
     h0 = -lp0 + kinetic_energy(p)
     z_new = z.copy()
-    p += 0.5 * step * g
+    # the updates y += a x in place by BLAS axpy: a quarter of numpy's two-ufunc time at the small
+    # sizes of a block move, which adds up over the trajectory's steps
+    p = daxpy(g, p, a=0.5 * step)
     for _ in range(n_steps - 1):
-        z_new += step * p
+        z_new = daxpy(p, z_new, a=step)
         g = logp_grad(z_new)[1] if gradient is None else gradient(z_new)
         if g is None:  # outside the support
             return z, current, 0.0
-        p += step * g
-    z_new += step * p
+        p = daxpy(g, p, a=step)
+    z_new = daxpy(p, z_new, a=step)
     new = logp_grad(z_new)
     if not math.isfinite(new[0]):
         return z, current, 0.0
-    p += 0.5 * step * new[1]
+    p = daxpy(new[1], p, a=0.5 * step)
     h1 = -new[0] + kinetic_energy(p)
     accept_prob = math.exp(min(0.0, h0 - h1)) if math.isfinite(h1) else 0.0
     if rng.random() < accept_prob:
