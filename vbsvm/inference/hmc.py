@@ -28,7 +28,8 @@ about twice the step at the same acceptance.
 covariance collected during tuning; the step is adapted by dual averaging towards acceptance
 :data:`TARGET_ACCEPT` (Hoffman & Gelman 2014, Section 3.2.1, :func:`dual_average`) and fixed at
 its average when tuning ends. The trajectory length :math:`n\epsilon` is :data:`TRAJECTORY` in
-whitened units (:func:`trajectory_steps`).
+whitened units, :data:`TRAJECTORY_WITH_VARIANCE` for a block with a log variance
+(:func:`trajectory_steps`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 from scipy.linalg.blas import daxpy
 
 __all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT",
-           "TRAJECTORY", "STEP_JITTER"]
+           "TRAJECTORY", "TRAJECTORY_WITH_VARIANCE", "STEP_JITTER"]
 
 #: acceptance probability the step is adapted to (Hoffman & Gelman's choice for plain HMC)
 TARGET_ACCEPT = 0.65
@@ -49,6 +50,14 @@ TARGET_ACCEPT = 0.65
 #: with HMC as the block move, 4 x 2000 after 1000, min bulk ESS per second at 1.5 / 2.0 / 2.5 /
 #: 3.0: heart 1446 / 2202 / 2222 / 2086, Section 4.2 with d = 50: 388 / 541 / 652 / 632.
 TRAJECTORY = 2.5
+#: the trajectory length when the block carries the log of a variance (the penalty's sigma2_u),
+#: whose coupling with the coefficients' scale the linear metric does not follow. Measured with the
+#: smoothed-hinge trajectories and the cheaper steps, seeds 1-3 / 1-2, min bulk ESS per second:
+#: breast_cancer (slowest parameter sigma2_u) 548-633 at 2.5, 651-699 (one 568) at 2.25, 566-733
+#: at 2.0; d = 50 1405-1512 at 2.5, 1477-1485 at 2.25, 891-1186 at 2.0. Without a variance in the
+#: block (toenail's fixed effects given the levels, penalty=None) 2.25 cost 7-17% (sigma2_patient_id
+#: ESS 2575 / 2209 against 2768 / 2667 at 2.5): a choice made on these few data sets.
+TRAJECTORY_WITH_VARIANCE = 2.25
 MAX_STEPS = 40
 #: the step of each transition is multiplied by a uniform draw from this range
 STEP_JITTER = (0.8, 1.2)
@@ -126,9 +135,9 @@ def kinetic_energy(p) -> float:
     return 0.5 * float(p @ p)
 
 
-def trajectory_steps(step) -> int:
-    """Leapfrog steps of a trajectory of length :data:`TRAJECTORY` at this step size."""
-    return int(min(MAX_STEPS, max(1, math.ceil(TRAJECTORY / step))))
+def trajectory_steps(step, length=None) -> int:
+    """Leapfrog steps of a trajectory of ``length`` (default :data:`TRAJECTORY`) at this step size."""
+    return int(min(MAX_STEPS, max(1, math.ceil((TRAJECTORY if length is None else length) / step))))
 
 
 #: dual averaging constants (Hoffman & Gelman 2014, Section 3.2.1)

@@ -58,7 +58,7 @@ import scipy.sparse as sp
 from ..distributions import InverseGamma, InverseWishart, sample_inverse_gamma_truncated
 from ..spd import pack_spd, spd_inverse, unpack_spd
 from ..inference.block_tuner import BlockTuner
-from ..inference.hmc import hmc_transition, trajectory_steps
+from ..inference.hmc import TRAJECTORY, TRAJECTORY_WITH_VARIANCE, hmc_transition, trajectory_steps
 from ..inference.independence import independence_steps
 from ..inference.partial_noncentring import ExponentTuner
 from ..inference.slice import slice_sample
@@ -1192,8 +1192,9 @@ class LinearSVMModel:
                                             hinge.SMOOTHING_WIDTHS[surrogate] if surrogate >= 0 else 0.0)
         z = np.zeros(x0.size)
         step = BlockTuner.hmc_step(tuner, rng)
-        z, (_, _, scores), accept_prob = hmc_transition(target, z, target(z), step, trajectory_steps(step), rng,
-                                                        gradient)
+        length = TRAJECTORY_WITH_VARIANCE if own.size else TRAJECTORY
+        z, (_, _, scores), accept_prob = hmc_transition(target, z, target(z), step, trajectory_steps(step, length),
+                                                        rng, gradient)
         if not z.any():  # rejected
             return theta, f, sigma2, accept_prob
         x = x0 + chol @ z
