@@ -47,9 +47,10 @@ trajectories may instead follow the gradient of the hinge smoothed over a width 
     g \ (g \ge \delta/2),
 
 (slope :math:`h_\delta'(g) = \min\{1, \max\{0, g/\delta + 1/2\}\}`, formed in the HMC target of
-:class:`~vbsvm.models.linear.LinearSVMModel`) while the acceptance uses the exact hinge: leapfrog steps are shears, volume preserving and
-reversible for any position-dependent force (:mod:`vbsvm.inference.hmc`), so the transition
-keeps the exact posterior whatever the width; a wider one only costs acceptance through the mismatch
+:class:`~vbsvm.models.linear.LinearSVMModel`) while the acceptance uses the exact hinge: leapfrog
+steps are shears, volume preserving and reversible for any position-dependent force
+(:mod:`vbsvm.inference.hmc`), so the transition keeps the exact posterior whatever the width; a
+wider one only costs acceptance through the mismatch
 :math:`-2\sum_i \{(g_i)_+ - h_\delta(g_i)\}` between the two log densities
 (:func:`smoothing_mismatch`, which varies only through the rows within :math:`\delta/2` of
 their kink). The sampler picks the widest of :data:`SMOOTHING_WIDTHS` whose mismatch varies

@@ -74,8 +74,8 @@ LOG_2PI = np.log(2.0 * np.pi)
 #: and the posterior of a variance under IG(0.01, 0.01) has a tail close to 1/sigma2 that no sampler
 #: can explore (nor floating point represent); the truncation keeps every draw finite and changes
 #: nothing where the posterior is well determined.
-LOG_VARIANCE_RANGE = (math.log(1e-10), math.log(1e10))
 VARIANCE_RANGE = (1e-10, 1e10)
+LOG_VARIANCE_RANGE = (math.log(VARIANCE_RANGE[0]), math.log(VARIANCE_RANGE[1]))
 
 
 def fixed_effect_precision(design, penalty, sigma2_beta) -> np.ndarray:
@@ -1180,8 +1180,9 @@ class LinearSVMModel:
         in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian), with
         the metric and step fitted during tuning (:mod:`vbsvm.inference.hmc`), whitened by the
         metric (:meth:`_hmc_target`), its trajectories on the hinge smoothed over the width picked
-        in tuning (:mod:`vbsvm.models.hinge`; the acceptance uses the exact hinge). Each leapfrog step costs two O(np) products (scores and
-        gradient). Like the other marginal moves it must be followed by a fresh ``w | theta``.
+        in tuning (:mod:`vbsvm.models.hinge`; the acceptance uses the exact hinge), of length
+        :data:`~vbsvm.inference.hmc.TRAJECTORY_WITH_VARIANCE` when the block carries a variance.
+        Each leapfrog step costs two O(np) products (scores and gradient). Like the other marginal moves it must be followed by a fresh ``w | theta``.
         Returns ``(theta, f, sigma2, accept_prob)``."""
         p, own, chol = self.p, self._block_variances, tuner["blk_chol"]
         X = self.Cd[:, :p]
