@@ -155,5 +155,6 @@ def test_convergence_warning_names_the_worst_parameter_and_the_draws_needed():
     with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match=r"the worst is \S+ \(bulk ESS \d+.*draws=\d+"):
         fit = vbsvm.svm("y ~ time + (1 | group)", df, method="gibbs", draws=100, tune=50, chains=2, progress=False)
     worst = fit.summary_diagnostics()["ess_bulk"].idxmin()  # fixed effects and variances, not levels
+    assert len(fit.diagnostics()) > len(fit.summary_diagnostics())  # diagnostics() has the levels too
     with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match=re.escape(worst)):
         fit._warn_diagnostics()

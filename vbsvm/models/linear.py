@@ -977,15 +977,12 @@ class LinearSVMModel:
             part[c.index] = theta[c.index]
             g = self.predictor(part)
             yg, yrest = self.y * g, 1.0 - self.y * (f - g)
-            buf = np.empty(self.n)
 
             def logp(t):
                 v = v0 + t
                 if not low < v < high:
                     return -math.inf
-                np.multiply(yg, math.exp(0.5 * t), out=buf)
-                np.subtract(yrest, buf, out=buf)
-                return (-2.0 * float(np.maximum(buf, 0.0, out=buf).sum())
+                return (-2.0 * float(np.maximum(0.0, yrest - math.exp(0.5 * t) * yg).sum())
                         + self.variance_log_prior(math.exp(v)) + v)
 
             def scales(t):
@@ -1182,7 +1179,8 @@ class LinearSVMModel:
         metric (:meth:`_hmc_target`), its trajectories on the hinge smoothed over the width picked
         in tuning (:mod:`vbsvm.models.hinge`; the acceptance uses the exact hinge), of length
         :data:`~vbsvm.inference.hmc.TRAJECTORY_WITH_VARIANCE` when the block carries a variance.
-        Each leapfrog step costs two O(np) products (scores and gradient). Like the other marginal moves it must be followed by a fresh ``w | theta``.
+        Each leapfrog step costs two O(np) products (scores and gradient). Like the other
+        marginal moves it must be followed by a fresh ``w | theta``.
         Returns ``(theta, f, sigma2, accept_prob)``."""
         p, own, chol = self.p, self._block_variances, tuner["blk_chol"]
         X = self.Cd[:, :p]
