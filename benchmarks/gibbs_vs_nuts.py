@@ -114,8 +114,8 @@ class Problem:
     formula : str
     load : callable
         Returns the data frame.
-    penalty : "auto" or None
-        As in :func:`vbsvm.svm`.
+    penalty : "auto", float or None
+        As in :func:`vbsvm.svm` (a float: Gibbs only; the NUTS model has no fixed penalty).
     prior : callable or None
         Returns the ``prior=`` argument of :func:`vbsvm.svm` (Gibbs only; no NUTS counterpart).
     nuts_centred : bool
@@ -156,6 +156,11 @@ DEFAULT_PROBLEMS = [
     BREAST_CANCER,
     _sim(500, 50),
     _sim(500, 100),
+    # decision 4 of the closing notes: the same data with a fixed penalty (alpha = 1, C = 0.5). They
+    # are separable, so under IG(0.01, 0.01) the penalty's posterior is the prior's tail (sigma2_u
+    # draws ~1e3 against 0.6 with d = 50) and the coefficients' means do not exist; with a fixed
+    # penalty the posterior is log-concave
+    dataclasses.replace(_sim(500, 100), name="sim500x100_penalty1", penalty=1.0),
     _sim(100_000, 20),
     Problem("toenail_laplace_zero", TOENAIL, lambda: vbsvm.datasets.load("toenail"),
             prior=lambda: vbsvm.LaplaceZero(rho=0.1)),
