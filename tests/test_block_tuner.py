@@ -173,8 +173,10 @@ def test_w_is_drawn_when_a_sweep_resumes_the_augmented_steps(monkeypatch):
 def test_a_block_fitted_from_fewer_draws_than_coordinates_gets_a_full_rank_metric():
     """A block of 30 coordinates is first fitted after 20 collected draws (tune 320: [20, 40)),
     which here lie in a 5-dimensional subspace. The fitted covariance is the sample covariance
-    shrunk toward its diagonal with the weight of 30 pseudo-draws, so its smallest eigenvalue is
-    at least 30/50 of the smallest variance; the sample covariance alone is singular."""
+    shrunk toward its diagonal with the weight of 30 (2 - 20/30) = 40 pseudo-draws, so its
+    smallest eigenvalue is at least 40/60 of the smallest variance; the sample covariance alone
+    is singular. From twice as many draws as coordinates on, the sample covariance is used as
+    it is."""
     dim, tune = 30, 320
     tuner, rng = BlockTuner(dim), np.random.default_rng(3)
     basis = rng.normal(size=(dim, 5))
@@ -189,10 +191,14 @@ def test_a_block_fitted_from_fewer_draws_than_coordinates_gets_a_full_rank_metri
     assert n == 20 and BlockTuner.phase(state) == BlockTuner.TRYING and np.linalg.matrix_rank(S) == 5
     mean, cov = tuner.moments(state)
     np.testing.assert_allclose(mean, draws.mean(axis=0), rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(cov, (n * S + dim * np.diag(np.diag(S))) / (n + dim), rtol=1e-9, atol=1e-12)
+    nu = dim * (2.0 - n / dim)
+    np.testing.assert_allclose(cov, (n * S + nu * np.diag(np.diag(S))) / (n + nu), rtol=1e-9, atol=1e-12)
     metric = state["blk_chol"] @ state["blk_chol"].T
     np.testing.assert_allclose(metric, cov, rtol=1e-8, atol=1e-12)
-    assert np.linalg.eigvalsh(metric)[0] >= 0.999 * dim / (n + dim) * np.diag(S).min()
+    assert np.linalg.eigvalsh(metric)[0] >= 0.999 * nu / (n + nu) * np.diag(S).min()
+    many = rng.normal(size=(2 * dim, dim))
+    full = {"blk_count": np.array(2.0 * dim), "blk_sum": many.sum(axis=0), "blk_outer": many.T @ many}
+    np.testing.assert_allclose(tuner.moments(full)[1], np.cov(many.T), rtol=1e-9, atol=1e-12)
 
 
 def test_gibbs_mixes_when_the_block_outnumbers_the_first_fit_draws():

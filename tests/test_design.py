@@ -190,3 +190,18 @@ def test_incomplete_rows_of_new_data(frame):
     new.loc[new.index[3], "y"] = np.nan     # the response is not needed to predict
     np.testing.assert_array_equal(d.incomplete_rows(new), [True, True, True, False])
     np.testing.assert_array_equal(d.incomplete_rows(new, imputable=True), [False, True, True, False])
+
+
+def test_linear_separability_of_the_complete_rows():
+    """Separable (the label is the sign of x1), not separable (two identical rows with opposite
+    labels), the same after dropping the offending row with a missing value under
+    missing='impute' (incomplete rows do not count), and None above the size limit."""
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(size=40), rng.normal(size=40)
+    df = pd.DataFrame({"y": np.where(x1 > 0, 1, -1), "x1": x1, "x2": x2})
+    assert build_design("y ~ x1 + x2", df).linearly_separable() is True
+    clash = pd.concat([df, pd.DataFrame({"y": [1, -1], "x1": [0.5, 0.5], "x2": [0.0, 0.0]})], ignore_index=True)
+    assert build_design("y ~ x1 + x2", clash).linearly_separable() is False
+    clash.loc[clash.index[-1], "x2"] = np.nan
+    assert build_design("y ~ x1 + x2", clash, missing="impute").linearly_separable() is True
+    assert build_design("y ~ x1 + x2", df).linearly_separable(max_size=10) is None

@@ -150,6 +150,26 @@ def test_summary_shows_rhat_and_ess(small):
     assert fit.diagnostics().iloc[0, 0] != -1.0 and fit.summary_diagnostics().iloc[0, 0] != -1.0
 
 
+def test_convergence_warning_on_separable_data_with_an_inferred_penalty_names_the_prior_tail():
+    """The Section 4.2 simulation with 40 predictors and 100 rows is separable: with
+    penalty='auto' short chains miss the targets and the warning adds that sigma2_u keeps its
+    prior's tail, with its draws' median and maximum. No such hint with a fixed penalty or on
+    data that are not separable."""
+    df = vbsvm.datasets.simulate_luts(100, 40, seed=1)
+    with pytest.warns(vbsvm.exceptions.DiagnosticWarning,
+                      match=r"linearly separable.*IG\(0\.01, 0\.01\).*median \S+ and reach \S+\."):
+        fit = vbsvm.svm("y ~ .", df, method="gibbs", draws=100, tune=100, chains=2, seed=1, progress=False,
+                        max_draws=100)
+    assert fit.design.linearly_separable() and fit._separable_hint().startswith(" The data are linearly separable")
+    fixed = vbsvm.svm("y ~ .", df, method="gibbs", penalty=1.0, draws=50, tune=50, chains=2, seed=1, progress=False,
+                      max_draws=50)
+    assert fixed._separable_hint() == ""
+    overlapping = vbsvm.datasets.simulate_luts(200, 2, seed=1)
+    fit = vbsvm.svm("y ~ .", overlapping, method="gibbs", draws=50, tune=50, chains=2, seed=1, progress=False,
+                    max_draws=50)
+    assert not fit.design.linearly_separable() and fit._separable_hint() == ""
+
+
 def test_convergence_warning_names_the_worst_parameter_and_the_draws_needed():
     df = vbsvm.datasets.simulate_grouped(20, 5, seed=1)
     with pytest.warns(vbsvm.exceptions.DiagnosticWarning, match=r"the worst is \S+ \(bulk ESS \d+.*draws=\d+"):

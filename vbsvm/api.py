@@ -236,18 +236,13 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                     f"rank {p - len(null)} < {p}): the data cannot tell their effects apart and the "
                     "prior decides how they are shared; remove the redundant column(s) from the formula.",
                     DiagnosticWarning, stacklevel=3)
-        if separability and n * p <= max_lp_size:
-            from scipy.optimize import linprog
-
-            res = linprog(np.zeros(p), A_ub=-(design.y[~np.isnan(design.X).any(axis=1), None] * X),
-                          b_ub=-np.ones(n), bounds=(None, None), method="highs")
-            if res.status == 0:
-                warnings.warn(
-                    "the data are linearly separable by the fixed effects (every point can be put "
-                    "beyond the margin): the hinge pseudo-likelihood is flat along the separating "
-                    "direction, so the size of the coefficients is set by the prior (very large "
-                    "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
-                    "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
+        if separability and design.linearly_separable(max_lp_size):
+            warnings.warn(
+                "the data are linearly separable by the fixed effects (every point can be put "
+                "beyond the margin): the hinge pseudo-likelihood is flat along the separating "
+                "direction, so the size of the coefficients is set by the prior (very large "
+                "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
+                "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
     for g in design.groups:
         counts = np.bincount(g.codes, minlength=g.n_levels)
         if g.n_levels == 1:

@@ -204,6 +204,22 @@ class Design:
             mask[self.column_names.index("Intercept")] = False
         return mask
 
+    def linearly_separable(self, max_size: int = 5_000_000) -> bool | None:
+        """Whether the fixed effects separate the complete rows (some ``beta`` puts every row
+        beyond the margin, ``y_i x_i^T beta >= 1``: a linear-programming feasibility problem,
+        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked). On such data the
+        hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior."""
+        complete = ~self.missing_mask.any(axis=1)
+        X = self.X if complete.all() else self.X[complete]
+        n, p = X.shape
+        if n * p > max_size:
+            return None
+        from scipy.optimize import linprog
+
+        res = linprog(np.zeros(p), A_ub=-(self.y[complete, None] * X), b_ub=-np.ones(n), bounds=(None, None),
+                      method="highs")
+        return res.status == 0
+
     def to_original(self, size: int | None = None) -> np.ndarray:
         """Matrix ``T`` with ``beta_original = T @ beta_standardized``.
 

@@ -256,7 +256,26 @@ class Fit:
         :func:`warn_unconverged`)."""
         diag = self.summary_diagnostics()
         if diag is not None:
-            warn_unconverged(diag, int(self.posterior["theta_draws"].shape[1]), self.info, stacklevel=5)
+            warn_unconverged(diag, int(self.posterior["theta_draws"].shape[1]), self.info, stacklevel=5,
+                             hint=self._separable_hint)
+
+    def _separable_hint(self) -> str:
+        """The cause a Gibbs fit with ``penalty="auto"`` misses its targets on separable data (an
+        empty string otherwise): the pseudo-likelihood is 1 on a cone of separating coefficients,
+        so the posterior of ``sigma2_u`` keeps the tail ``sigma2_u^(-A_u - 1)`` of its prior and
+        the coefficients' posterior means do not exist for ``A_u <= 1/2`` (the Section 4.2
+        simulation with d = 100: ``sigma2_u`` draws around 1e3-1e4, against 0.6 with d = 50)."""
+        s = self.settings
+        if s.get("penalty") != "auto" or s.get("prior") is not None or "sigma2_u" not in self.layout.variances:
+            return ""
+        if not self.design.linearly_separable():
+            return ""
+        draws = self._draws()[1][..., list(self.layout.variances).index("sigma2_u")]
+        return (f" The data are linearly separable, so under penalty='auto' the posterior of sigma2_u keeps the "
+                f"tail of its IG({s['A_u']:g}, {s['B_u']:g}) prior (the coefficients' posterior means do not exist "
+                f"for A_u <= 1/2); its draws here have median {np.median(draws):.3g} and reach "
+                f"{np.max(draws):.3g}. Where they are that large and do not settle, longer chains will not help: "
+                "fix the penalty (penalty=<float>) instead.")
 
     # ------------------------------------------------------------------ prediction
     def _new_rows(self, newdata, allow_missing=False, new_levels="zero"):
@@ -552,11 +571,12 @@ class Fit:
         return cls(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
 
 
-def warn_unconverged(diag, draws, info, stacklevel=2):
+def warn_unconverged(diag, draws, info, stacklevel=2, hint=None):
     """Warn (:class:`~vbsvm.exceptions.DiagnosticWarning`) if the diagnostics ``diag`` (columns
     ``r_hat``, ``ess_bulk``) miss R-hat <= 1.01 or bulk ESS >= 400, naming the worst parameter and
     the draws per chain that would reach the targets; ``draws`` are the draws per chain kept and
-    ``info`` the fit's run-length record (``max_draws``, ``draws_extended``)."""
+    ``info`` the fit's run-length record (``max_draws``, ``draws_extended``). ``hint``, called
+    only then, returns text appended to the warning (a likely cause)."""
     from .inference.gibbs import ESS_TARGET, RHAT_TARGET
 
     bad_r = diag.index[diag["r_hat"] > RHAT_TARGET].tolist()
@@ -579,7 +599,7 @@ def warn_unconverged(diag, draws, info, stacklevel=2):
         + extended
         + f"the worst is {worst} (bulk ESS {ess:.0f}, R-hat {rhat:.3f} from {draws} draws per chain): "
         f"about draws={needed} per chain (and tune at least as long) would reach the targets — run "
-        "longer chains (or pass a larger max_draws) before trusting intervals.",
+        "longer chains (or pass a larger max_draws) before trusting intervals." + (hint() if hint else ""),
         DiagnosticWarning,
         stacklevel=stacklevel,
     )

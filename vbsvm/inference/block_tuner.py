@@ -11,18 +11,18 @@ metric (:mod:`vbsvm.inference.hmc`) still moves the block as a whole, at one pas
 step; and where neither is accepted the block keeps its slice moves along principal axes.
 
 **Schedule** (``tune`` sweeps; all of it during tuning, so the kept draws come from one fixed
-kernel). Moments are collected over ``[tune/16, 3 tune/4)``; each fit uses their covariance shrunk
-toward its diagonal (:meth:`BlockTuner.moments`), of full rank even from fewer draws than
-coordinates. At ``tune/4`` (``tune/8`` for a block of more than :data:`EARLY_FIT_DIM` coordinates,
-:meth:`BlockTuner.first_fit`) a first fit is tried while the collection goes on: the independence
-move every sweep (until :data:`GIVE_UP` proposals if it accepts fewer than half of ``min_accept``)
-and, once it has had :data:`EVIDENCE` proposals and its acceptance rate is below ``min_accept``,
-HMC with the step adapted by dual averaging. While either's acceptance so far reaches
-``min_accept`` it replaces the slice moves (a poor move never leaves the block without them). At
-``3 tune/4`` both are refitted from all the moments and tried again over the last quarter (the
-dual averaging restarted). At the last tuning sweep the independence move is kept if its
-acceptance rate over that trial reached ``min_accept``; otherwise HMC, with the averaged step, if
-its mean acceptance probability did; otherwise neither.
+kernel). Moments are collected over ``[tune/16, 3 tune/4)``; a fit from fewer than twice as many
+draws as coordinates shrinks their covariance toward its diagonal (:meth:`BlockTuner.moments`), of
+full rank even from fewer draws than coordinates. At ``tune/4`` (``tune/8`` for a block of more
+than :data:`EARLY_FIT_DIM` coordinates, :meth:`BlockTuner.first_fit`) a first fit is tried while
+the collection goes on: the independence move every sweep (until :data:`GIVE_UP` proposals if it
+accepts fewer than half of ``min_accept``) and, once it has had :data:`EVIDENCE` proposals and its
+acceptance rate is below ``min_accept``, HMC with the step adapted by dual averaging. While
+either's acceptance so far reaches ``min_accept`` it replaces the slice moves (a poor move never
+leaves the block without them). At ``3 tune/4`` both are refitted from all the moments and tried
+again over the last quarter (the dual averaging restarted). At the last tuning sweep the
+independence move is kept if its acceptance rate over that trial reached ``min_accept``; otherwise
+HMC, with the averaged step, if its mean acceptance probability did; otherwise neither.
 
 **Trajectory surrogate.** A caller whose HMC trajectories may follow one of several surrogate
 log densities (the linear sampler's smoothed hinges, :data:`vbsvm.models.hinge.SMOOTHING_WIDTHS`,
@@ -195,22 +195,28 @@ class BlockTuner:
         return tune // (8 if self.dim > EARLY_FIT_DIM else 4)
 
     def moments(self, state) -> tuple:
-        r"""Mean and covariance of the collected block values, the sample covariance :math:`S` of
-        :math:`n` draws shrunk toward its diagonal :math:`D` with the weight of :math:`d` (the
-        block's size) pseudo-draws, :math:`(n S + d D) / (n + d)`: the posterior mean of the
-        covariance under an inverse-Wishart prior centred on :math:`D` with :math:`d` degrees of
-        freedom. The first fit of a block larger than the draws collected so far needs it:
-        :math:`S` then has rank below :math:`d`, HMC with it as metric never moves the block
-        along the missing directions, and neither do the draws the refit collects, so the kept
-        metric stays singular. The Section 4.2 simulation with d = 100 (101 coordinates, first
-        fit from tune/16 = 62 draws at the defaults; ``penalty=1``) had min bulk ESS 6 and R-hat
-        1.78 at 4 x 1000 after 1000 with :math:`S` alone, 2770 and 1.007 with the shrinkage;
-        breast_cancer (31 coordinates, 62 draws) went from 1124 to 1264 (seed 1) and d = 50 from
-        2772 to 2685: at the refit (about 690 draws) the weight of the diagonal is small."""
+        r"""Mean and covariance of the collected block values: the sample covariance :math:`S` of
+        :math:`n` draws shrunk toward its diagonal :math:`D` as the posterior mean under an
+        inverse-Wishart prior centred on :math:`D` with :math:`\nu = d \max(0, 2 - n/d)`
+        pseudo-draws (:math:`d` the block's size): :math:`(n S + \nu D) / (n + \nu)`.
+
+        From :math:`n \le d` draws :math:`S` is singular (and nearly so just above): HMC with it
+        as metric never moves the block along the missing directions, nor do the draws that the
+        refit collects, so the kept metric stays singular. The Section 4.2 simulation with
+        d = 100 and ``penalty=1`` (101 coordinates, first fit from tune/16 = 62 draws at the
+        defaults) had min bulk ESS 6 and R-hat 1.78 at 4 x 1000 after 1000 with :math:`S`
+        alone, 2160-2770 and 1.007 with the shrinkage; with d = 60 (62 draws for 61
+        coordinates) 1358 against 2531; spam (59 coordinates, 63 draws; 4 x 2000 after 1000)
+        76 against 97 ESS per second. The weight fades to 0 at :math:`n = 2d`: shrinking toward
+        the diagonal inflates the small variances of a collinear block, and with
+        :math:`\nu = d` at every fit breast_cancer (32 coordinates, 63 draws, then about 690)
+        lost 15% of its ESS per second (654-739 against 533-599, seeds 1-2)."""
         n = float(state["blk_count"])
         mean = state["blk_sum"] / n
         cov = (state["blk_outer"] - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
-        cov = (n * cov + self.dim * np.diag(np.diag(cov))) / (n + self.dim)
+        nu = self.dim * max(0.0, 2.0 - n / self.dim)
+        if nu > 0.0:
+            cov = (n * cov + nu * np.diag(np.diag(cov))) / (n + nu)
         return mean, cov
 
     def collects(self, state, it, tune) -> bool:
