@@ -205,7 +205,7 @@ class BlockTuner:
         refit collects, so the kept metric stays singular. The Section 4.2 simulation with
         d = 100 and ``penalty=1`` (101 coordinates, first fit from tune/16 = 62 draws at the
         defaults) had min bulk ESS 6 and R-hat 1.78 at 4 x 1000 after 1000 with :math:`S`
-        alone, 2160-2770 and 1.007 with the shrinkage; with d = 60 (62 draws for 61
+        alone, 2160-2433 and 1.007 with the shrinkage; with d = 60 (62 draws for 61
         coordinates) 1358 against 2531; spam (59 coordinates, 63 draws; 4 x 2000 after 1000)
         76 against 97 ESS per second. The weight fades to 0 at :math:`n = 2d`: shrinking toward
         the diagonal inflates the small variances of a collinear block, and with
