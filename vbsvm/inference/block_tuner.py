@@ -202,15 +202,15 @@ class BlockTuner:
 
         From :math:`n \le d` draws :math:`S` is singular (and nearly so just above): HMC with it
         as metric never moves the block along the missing directions, nor do the draws that the
-        refit collects, so the kept metric stays singular. The Section 4.2 simulation with
-        d = 100 and ``penalty=1`` (101 coordinates, first fit from tune/16 = 62 draws at the
-        defaults) had min bulk ESS 6 and R-hat 1.78 at 4 x 1000 after 1000 with :math:`S`
-        alone, 2160-2433 and 1.007 with the shrinkage; with d = 60 (62 draws for 61
-        coordinates) 1358 against 2531; spam (59 coordinates, 63 draws; 4 x 2000 after 1000)
-        76 against 97 ESS per second. The weight fades to 0 at :math:`n = 2d`: shrinking toward
-        the diagonal inflates the small variances of a collinear block, and with
-        :math:`\nu = d` at every fit breast_cancer (32 coordinates, 63 draws, then about 690)
-        lost 15% of its ESS per second (654-739 against 533-599, seeds 1-2)."""
+        refit collects, so the kept metric stays singular. The Section 4.2 simulation with d = 100
+        and ``penalty=1`` (101 coordinates, first fit from the 63 draws since tune/16 at the
+        defaults) had min bulk ESS 6 and R-hat 1.78 at 4 x 1000 after 1000 with :math:`S` alone,
+        2160-2433 and 1.007 with the shrinkage; with d = 60 (63 draws for 61 coordinates) 1358
+        against 2531; spam (59 coordinates, 63 draws; 4 x 2000 after 1000) 76 against 97 ESS per
+        second. The weight fades to 0 at :math:`n = 2d`: shrinking toward the diagonal inflates
+        the small variances of a collinear block, and with :math:`\nu = d` at every fit
+        breast_cancer (32 coordinates, 63 draws, then about 690) lost 15% of its ESS per second
+        (654-739 against 533-599, seeds 1-2)."""
         n = float(state["blk_count"])
         mean = state["blk_sum"] / n
         cov = (state["blk_outer"] - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
