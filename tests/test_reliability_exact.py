@@ -362,10 +362,11 @@ def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
 
 def test_exact_check_detects_a_wrong_add_delete_move(monkeypatch):
     """The Laplace-zero add/delete move without its proposal ratio (the t density of the added
-    coefficient against its prior) is rejected by the exact Laplace-zero check."""
+    coefficient against its prior) is rejected by the exact Laplace-zero check (model jumps off)."""
     from vbsvm.models.selection import LaplaceZeroModel
 
     monkeypatch.setattr(LaplaceZeroModel, "flip_proposal_log_ratio", lambda self, v, loc, scale, sd: np.zeros_like(v))
+    monkeypatch.setattr(LaplaceZeroModel, "JUMPS_PER_SWEEP", 0)  # the exact model jumps would correct it
     with pytest.raises(AssertionError):
         test_laplace_zero_one_term_with_intercept_exact(11, 1)
 
@@ -380,5 +381,16 @@ def test_exact_check_detects_a_wrong_laplace_zero_coefficient_move(monkeypatch):
     orig = LaplaceZeroModel.coefficient_moves
     monkeypatch.setattr(LaplaceZeroModel, "coefficient_moves",
                         lambda self, th, gam, b, s2, f, rng: orig(self, th, gam, 25 * np.asarray(b), s2, f, rng))
+    monkeypatch.setattr(LaplaceZeroModel, "JUMPS_PER_SWEEP", 0)  # the exact model jumps would correct it
     with pytest.raises(AssertionError):
         test_laplace_zero_one_term_with_intercept_exact(11, 4)
+
+
+def test_exact_check_detects_a_wrong_model_jump(monkeypatch):
+    """The Laplace-zero model jump without its proposal ratio (``q_M(x) / q_M'(x')``, the t
+    densities of the two models' coordinates) is rejected by the exact Laplace-zero check."""
+    from vbsvm.inference.model_jumps import ModelJumpTuner
+
+    monkeypatch.setattr(ModelJumpTuner, "log_density", lambda self, state, k, x: 0.0)
+    with pytest.raises(AssertionError):
+        test_laplace_zero_one_term_with_intercept_exact(11, 1)

@@ -534,7 +534,8 @@ def vb_fit(grouped):
 
 @pytest.fixture(scope="module")
 def gibbs_fit(grouped):
-    with pytest.warns(vbsvm.exceptions.DiagnosticWarning):  # short chains: R-hat of indicators
+    with warnings.catch_warnings():  # short chains: the indicators' R-hat may or may not warn
+        warnings.simplefilter("ignore", vbsvm.exceptions.DiagnosticWarning)
         return vbsvm.svm("y ~ . + (1 | site)", grouped, prior=LaplaceZero(rho=0.2, keep=["x8"]), method="gibbs",
                          draws=400, tune=200, chains=2, seed=2, progress=False)
 

@@ -46,7 +46,7 @@ import numpy as np
 from .hmc import STEP_JITTER, dual_average
 from .independence import StudentTProposal
 
-__all__ = ["BlockTuner"]
+__all__ = ["BlockTuner", "shrunk_moments"]
 
 #: proposals of the independence move after which its acceptance rate decides whether HMC runs
 EVIDENCE = 40
@@ -60,6 +60,20 @@ EARLY_FIT_DIM = 20
 #: (0.16 for the width picked on the Section 4.2 simulation with d = 50; its mismatch at the next
 #: wider width, 0.46, already cost ESS per second; module docstring)
 SURROGATE_SD = 0.2
+
+
+def shrunk_moments(n, total, outer) -> tuple:
+    r"""Mean and covariance of :math:`n` draws of a :math:`d`-vector from their sum and the sum
+    of their outer products: the sample covariance :math:`S` shrunk toward its diagonal
+    :math:`D`, :math:`(n S + \nu D) / (n + \nu)` with :math:`\nu = d \max(0, 2 - n/d)` (see
+    :meth:`BlockTuner.moments` for why and the measurements)."""
+    mean = total / n
+    cov = (outer - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
+    d = mean.size
+    nu = d * max(0.0, 2.0 - n / d)
+    if nu > 0.0:
+        cov = (n * cov + nu * np.diag(np.diag(cov))) / (n + nu)
+    return mean, cov
 
 
 class BlockTuner:
@@ -211,13 +225,7 @@ class BlockTuner:
         the small variances of a collinear block, and with :math:`\nu = d` at every fit
         breast_cancer (32 coordinates, 63 draws, then about 690) lost 15% of its ESS per second
         (654-739 against 533-599, seeds 1-2)."""
-        n = float(state["blk_count"])
-        mean = state["blk_sum"] / n
-        cov = (state["blk_outer"] - n * np.outer(mean, mean)) / max(n - 1.0, 1.0)
-        nu = self.dim * max(0.0, 2.0 - n / self.dim)
-        if nu > 0.0:
-            cov = (n * cov + nu * np.diag(np.diag(cov))) / (n + nu)
-        return mean, cov
+        return shrunk_moments(float(state["blk_count"]), state["blk_sum"], state["blk_outer"])
 
     def collects(self, state, it, tune) -> bool:
         """Whether tuning sweep ``it`` is collected (so that a caller computes the surrogates'

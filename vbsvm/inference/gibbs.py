@@ -7,11 +7,16 @@ A model supplies
   ``record`` are stored after every kept sweep;
 * optionally ``gibbs_adapt(state, it, tune)`` -> dict, called after each tuning sweep ``it`` and
   never after tuning, so that the kept draws come from one fixed kernel (e.g. fitting a
-  proposal to the tuning draws).
+  proposal to the tuning draws);
+* optionally ``gibbs_pool(states)`` -> list of states, called once with the last tuning state of
+  every chain, before the first kept sweep: what one chain learned in tuning can then serve
+  all of them (the Laplace-zero model's list of models to jump between). The kernel is still
+  fixed after tuning.
 
 Chain ``c`` draws from ``numpy.random.default_rng(SeedSequence(seed).spawn(chains)[c])``, so the
-draws of a chain depend only on ``seed`` and ``c``: running the chains serially or in parallel
-(``n_jobs``) gives identical results.
+draws of a chain depend only on ``seed`` and ``c`` (with ``gibbs_pool``, also on the other chains'
+tuning): running the chains serially or in parallel (``n_jobs``) gives identical results.
+A checkpointed run does not pool (a chain resumes alone).
 
 **Interrupts.** Ctrl-C (:class:`KeyboardInterrupt`) does not throw the work away: as PyMC does in
 its sampling loop, the chains stop where they are and :func:`run_chains` returns the draws kept
@@ -307,7 +312,12 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     record = tuple(record)
     chain_runs = _Chains(model, rngs, tune, thin, record, progress, n_jobs, points)
     done, target, extensions = 0, draws, []
-    while True:
+    interrupted = False
+    if hasattr(model, "gibbs_pool") and checkpoint is None and tune > 0:
+        interrupted = chain_runs.run(0, 0)  # tuning only
+        if not interrupted:
+            chain_runs.states = list(model.gibbs_pool(chain_runs.states))
+    while not interrupted:
         interrupted = chain_runs.run(done, target)
         if interrupted or target >= cap:
             break
@@ -381,12 +391,14 @@ class _Chains:
         self.model, self.rngs, self.tune, self.thin, self.record = model, rngs, tune, thin, record
         self.progress, self.n_jobs, self.points = progress, n_jobs, points
         self.states = [None] * len(rngs)
+        self.sweeps = 0  # sweeps every chain has run
         self.kept = {c: {name: [] for name in record} for c in range(len(rngs))}
 
     def run(self, done, target):
-        """Continue every chain from ``done`` to ``target`` kept draws; True if interrupted."""
+        """Continue every chain from where it stopped (``done`` kept draws) to ``target`` kept
+        draws (``target=0``: to the end of tuning); True if interrupted."""
         chains = len(self.rngs)
-        first = 0 if done == 0 else self.tune + done * self.thin
+        first = self.sweeps
         args = [(self.model, self.rngs[c], self.states[c], first, self.tune + target * self.thin, self.tune,
                  self.thin, self.record, self.progress and self.n_jobs == 1,
                  f"chain {c + 1}/{chains}" + (f" (to {target} draws)" if done else ""), self.points[c])
@@ -404,6 +416,7 @@ class _Chains:
             for name in self.record:
                 self.kept[c][name].extend(kept[name])
             self.states[c], self.rngs[c] = state, rng
+        self.sweeps = self.tune + target * self.thin
         return interrupted
 
 
