@@ -6,7 +6,8 @@ acceptance points).
    ESS and R-hat of every inclusion indicator, and the share of terms whose inclusion probability
    is within 0.2 of Gibbs' (issue #12's bar: 90%).
 2. breast_cancer (scikit-learn, 569 x 30, rho = 0.01): the same against Gibbs 8 x 40000 sweeps
-   (every 2nd kept) after 2000.
+   (every 2nd kept) after 2000; and issue #17's bar at 4 x 2000 after 1000 over seeds 1-8
+   (max R-hat of the indicators with a posterior mean in (0.01, 0.99)).
 3. Simulated sparse truth (n = 500, p = 50, 5 non-zero, ``expected_size=5``), independent and
    Toeplitz(0.5)-correlated predictors: AUC of p_include for the true predictors and false
    positives (p_include > 0.5) over 20 replicates, calibrated VB, mean field and Gibbs.
@@ -107,10 +108,12 @@ def compare_with_gibbs(label, formula, data, prior, gibbs_kw, out):
                           "p_meanfield": fits["meanfield"].inclusion()["p_include"],
                           "p_gibbs": gb.inclusion()["p_include"]}).join(diag).sort_values("p_gibbs", ascending=False)
     moving = table["ess_bulk"].notna()
+    bar = (table["p_gibbs"] > 0.01) & (table["p_gibbs"] < 0.99)  # issue #17's indicators
     gibbs = {**gibbs_kw, "n_jobs": 2, "wall_seconds": gwall, "sampler_seconds": gb.info["seconds"],
              "n_selected_median_model": int((table["p_gibbs"] > 0.5).sum()),
              "max_r_hat_moving_indicators": float(table.loc[moving, "r_hat"].max()) if moving.any() else None,
              "min_ess_bulk_moving_indicators": float(table.loc[moving, "ess_bulk"].min()) if moving.any() else None,
+             "max_r_hat_indicators_mean_in_0.01_0.99": float(table.loc[bar, "r_hat"].max()) if bar.any() else None,
              "r_hat_of_moving_indicators": {k: float(v) for k, v in table.loc[moving, "r_hat"].items()},
              "ess_bulk_of_moving_indicators": {k: float(v) for k, v in table.loc[moving, "ess_bulk"].items()},
              "n_constant_indicators": int((~moving).sum()),
@@ -150,6 +153,35 @@ def breast_cancer(args, out):
     out["breast_cancer"] = compare_with_gibbs("breast_cancer", "y ~ .", data, LaplaceZero(rho=0.01),
                                               dict(draws=draws, max_draws=draws, thin=thin, tune=tune,
                                                    chains=chains), out)
+
+
+def breast_cancer_defaults(args, out):
+    """Issue #17's bar: breast_cancer, rho = 0.01, 4 x 2000 after 1000 (no extension), several
+    seeds: max R-hat and min bulk ESS over the indicators whose posterior mean is in (0.01, 0.99)."""
+    from sklearn.datasets import load_breast_cancer
+
+    frame = load_breast_cancer(as_frame=True).frame
+    frame.columns = [c.replace(" ", "_") for c in frame.columns]
+    data = frame.rename(columns={"target": "y"})
+    rows = []
+    for seed in range(1, (9 if not args.quick else 2)):
+        w0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit = vbsvm.svm("y ~ .", data, prior=LaplaceZero(rho=0.01), method="gibbs", seed=seed, progress=False,
+                            draws=2000, max_draws=2000, n_jobs=2)
+        wall = time.perf_counter() - w0
+        diag = indicator_diagnostics(fit)
+        p = fit.inclusion()["p_include"].reindex(diag.index)
+        bar = diag[(p > 0.01) & (p < 0.99)]
+        rows.append({"seed": seed, "wall_seconds": wall, "max_r_hat": float(bar["r_hat"].max()),
+                     "worst": str(bar["r_hat"].idxmax()), "min_ess_bulk": float(bar["ess_bulk"].min()),
+                     "n_indicators": int(len(bar))})
+        print(f"breast_cancer defaults, seed {seed}: max R-hat {rows[-1]['max_r_hat']:.4f} ({rows[-1]['worst']}), "
+              f"min bulk ESS {rows[-1]['min_ess_bulk']:.0f} over {len(bar)} indicators; {wall:.1f} s")
+    out["breast_cancer_defaults"] = {"setting": "LaplaceZero(rho=0.01), chains=4, draws=2000, tune=1000, "
+                                                "max_draws=2000, n_jobs=2; indicators with p_include in (0.01, 0.99)",
+                                     "runs": rows, "seeds_meeting_1.05": int(sum(r["max_r_hat"] <= 1.05 for r in rows))}
 
 
 def auc(scores, truth):
@@ -226,7 +258,7 @@ def esl_ber(args, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["spam", "breast", "auc", "esl"])
+    ap.add_argument("--skip", nargs="*", default=[], choices=["spam", "breast", "breast_defaults", "auc", "esl"])
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
@@ -237,6 +269,8 @@ def main():
         spam_full(spam, args, out)
     if "breast" not in args.skip:
         breast_cancer(args, out)
+    if "breast_defaults" not in args.skip:
+        breast_cancer_defaults(args, out)
     if "auc" not in args.skip:
         simulated_auc(args, out)
     if "esl" not in args.skip:

@@ -201,7 +201,8 @@ The paper: "{PAPER}"
 # corrected with the exact hinge factors along the coefficient. Where two correlated terms can
 # stand in for each other, a single Gaussian cannot hold both models and even the calibrated fit
 # picks one of them (`hpl`, `font`). The Gibbs sampler's indicators mix (bulk ESS column; with
-# the add/delete moves of `LaplaceZeroModel.flip_moves`), so its probabilities are the reference.
+# the add/delete moves of `LaplaceZeroModel.flip_moves` and the model jumps of
+# `LaplaceZeroModel.model_jumps`), so its probabilities are the reference.
 #
 # ## The 57 inclusion probabilities
 #
