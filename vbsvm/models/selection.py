@@ -820,10 +820,9 @@ class LaplaceZeroModel:
         exponents of the random-intercept variances' partially non-centred move as the linear
         model does (:meth:`~vbsvm.models.linear.LinearSVMModel.gibbs_adapt`)."""
         state = self.base.adapt_level_exponents(state, it, tune)
-        if "jump_rows" in state:
-            theta = state["theta"]
-            state = self._jumps.record(state, it, tune, state["gamma"], theta[self.fixed_index], theta[self.sel],
-                                       math.log(state["sigma2"][0]))
+        theta = state["theta"]
+        state = self._jumps.record(state, it, tune, state["gamma"], theta[self.fixed_index], theta[self.sel],
+                                   math.log(state["sigma2"][0]))
         half = tune // 2
         if it >= half or half < self.FLIP_MIN_SWEEPS or "flip_n" not in state:
             return state
@@ -951,7 +950,7 @@ class LaplaceZeroModel:
         tuner, models = self._jumps, jumps["jump_models"]
         n_models = models.shape[0]
         theta, sigma2 = theta.copy(), np.array(sigma2, dtype=float, copy=True)
-        X, fixed, sel = self.base.Cd, self.fixed_index, self.sel
+        X, fixed, sel, nf = self.base.Cd, self.fixed_index, self.sel, self.fixed_index.size
         for _ in range(self.JUMPS_PER_SWEEP):
             match = np.flatnonzero((models == gamma).all(axis=1))
             if match.size == 0:
@@ -962,7 +961,6 @@ class LaplaceZeroModel:
             gamma_new = models[k_new]
             x = tuner.coordinates(theta[fixed], theta[sel], gamma, math.log(sigma2[0]))
             x_new = tuner.sample(jumps, k_new, rng)
-            nf = fixed.size
             old_cols, new_cols = sel[gamma == 1.0], sel[gamma_new == 1.0]
             f_new = (f + X[:, fixed] @ (x_new[:nf] - x[:nf]) + X[:, new_cols] @ x_new[nf:-1]
                      - X[:, old_cols] @ x[nf:-1])
