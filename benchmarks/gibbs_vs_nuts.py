@@ -431,7 +431,8 @@ def defaults_one(problem: Problem, *, chains, draws, tune, seed) -> dict:
     summary = worst(tab, sec)
     return {"name": problem.name, "formula": problem.formula, "penalty": problem.penalty,
             "prior": None if problem.prior is None else repr(problem.prior()),
-            "n": fit.design.n, "p": fit.design.p, **summary, "chains": chains, "draws": draws, "tune": tune,
+            "n": fit.design.n, "p": fit.design.p, **summary, "chains": chains, "draws": draws,
+            "tune": fit.settings["tune"],
             "draws_kept": fit.info["draws"], "max_draws": fit.info["max_draws"],
             "extension_rounds": fit.info["extension_rounds"],
             "pass": summary["max_rhat"] <= 1.01 and summary["min_ess_bulk"] >= 400,
@@ -490,6 +491,7 @@ def markdown_defaults(rows: list, heading: str) -> str:
         if "draws_kept" in r:
             rounds = len(r.get("extension_rounds", []))
             kept = f"{r['draws_kept']}" + (f" ({rounds} extension round{'s' if rounds > 1 else ''})" if rounds else "")
+            kept += f" after {r['tune']}" if r["tune"] != 1000 else ""
         else:
             kept = f"{r['draws']} (not rerun: measured before the adaptive run length)"
         out.append(f"| {r['name']} | `{model}` | {r['n']} x {r['p']} | {kept} | {r['max_rhat']:.4f} ({r['max_rhat_parameter']}) | "
@@ -635,7 +637,7 @@ def main(argv=None):
         return
     suffix = "_quick" if args.quick else ""
     draws, tune = (300, 300) if args.quick else (args.draws, args.tune)
-    def_draws, def_tune = (300, 300) if args.quick else (1000, 1000)
+    def_draws, def_tune = (300, 300) if args.quick else (1000, None)  # None: the package's default tuning
     caps = _parse_caps(args.nuts_draws)
     wanted = set(args.only) if args.only else None
     known = {q.name for q in NUTS_PROBLEMS + DEFAULT_PROBLEMS}
@@ -678,7 +680,8 @@ def main(argv=None):
             rows.append(defaults_one(q, chains=args.chains, draws=def_draws, tune=def_tune, seed=args.seed))
         path = RESULTS / f"gibbs_defaults{suffix}.json"
         rows = merge(path, rows, [q.name for q in DEFAULT_PROBLEMS])
-        settings = {"chains": args.chains, "draws": def_draws, "tune": def_tune, "seed": args.seed}
+        settings = {"chains": args.chains, "draws": def_draws, "seed": args.seed,
+                    "tune": def_tune or "the default (1000; 2000 with a Laplace-zero prior)"}
         text = defaults_report(rows, settings)
         print(text)
         write(f"gibbs_defaults{suffix}", rows, settings, text)

@@ -126,3 +126,20 @@ def test_chains_jump_after_pooling_and_serial_equals_parallel(monkeypatch):
     lists = runs[0].draws["jump_models"]
     assert lists.shape[2] >= 2 and np.array_equal(lists[0, 0], lists[1, -1])  # one list for all chains
     np.testing.assert_array_equal(runs[0].draws["gamma"], runs[1].draws["gamma"])
+
+
+@pytest.mark.parametrize("prior, missing, tune, expected", [
+    ("laplace_zero", "drop", None, 2000),  # the list of models is fitted from the tuning sweeps
+    ("laplace_zero", "impute", None, 1000),  # imputed Laplace-zero fits make no jumps
+    (None, "drop", None, 1000),
+    ("laplace_zero", "drop", 300, 300),  # an explicit tune is kept
+])
+def test_a_laplace_zero_prior_tunes_longer_by_default(prior, missing, tune, expected):
+    from vbsvm import LaplaceZero
+    from vbsvm.api import _settings
+
+    settings = _settings("y ~ x", method="gibbs", penalty="auto", missing=missing, standardize=True, draws=10,
+                         tune=tune, chains=1, thin=1, seed=1, tol=1e-8, max_iter=10, accelerate=True,
+                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1,
+                         prior=LaplaceZero() if prior else None)
+    assert settings["tune"] == expected

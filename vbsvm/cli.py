@@ -121,7 +121,7 @@ def _rho(text):
         raise argparse.ArgumentTypeError(f"expected a probability in (0, 1) or 'auto', got {text!r}") from None
 
 
-def _add_sampling(p, chains=4, draws=1000, tune=1000):
+def _add_sampling(p, chains=4, draws=1000, tune=None):
     g = p.add_argument_group("Gibbs sampling (also the number of stored draws of a VB fit)")
     g.add_argument("--chains", type=_positive_int, default=chains, metavar="N",
                    help=f"independent chains (default {chains})")
@@ -131,7 +131,9 @@ def _add_sampling(p, chains=4, draws=1000, tune=1000):
                    help="Gibbs: continue the chains up to N draws each until R-hat <= 1.01 and bulk ESS >= 400 "
                         "(default 4 x --draws; N = --draws switches this off)")
     g.add_argument("--tune", type=_nonnegative_int, default=tune, metavar="N",
-                   help=f"discarded initial draws per chain (default {tune})")
+                   help=f"discarded initial draws per chain (default {tune})" if tune is not None else
+                   "discarded initial draws per chain (default 1000; 2000 with --prior laplace-zero without "
+                   "--missing impute)")
     g.add_argument("--thin", type=_positive_int, default=1, metavar="K", help="keep every K-th draw (default 1)")
     g.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
                    help="processes running chains in parallel (default 1; results do not depend on it)")
