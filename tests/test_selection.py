@@ -655,6 +655,29 @@ def test_summary_shows_prior_and_inclusion(vb_fit, gibbs_fit):
         assert "p_include" in text and "Laplace-zero" in text and "alpha" not in text and "Prior:" in text
 
 
+def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, monkeypatch):
+    """Issue #17: the inclusion table of a Gibbs fit reports R-hat and bulk ESS per indicator
+    (those of ``gamma[term]`` in ``fit.diagnostics()``); with term names too long for one table
+    they get a table of their own, and no line is wider than the summary."""
+    from vbsvm import selection_fit
+
+    (title, table), = [t for t in gibbs_fit.summary_tables(0.95) if t[0].startswith("Inclusion")]
+    diag = gibbs_fit.diagnostics()
+    assert list(table.columns) == ["p_include", "p_positive", "mean_if_included", "sd_if_included",
+                                   "median_model", "r_hat", "ess_bulk"]
+    for term, row in table.iterrows():
+        r, e = diag.loc[f"gamma[{term}]", ["r_hat", "ess_bulk"]]
+        assert (np.isnan(row["r_hat"]) and np.isnan(r)) or row["r_hat"] == pytest.approx(r)
+        assert row["ess_bulk"] == ("" if not np.isfinite(e) else int(round(e)))
+    monkeypatch.setattr(selection_fit, "WIDTH", 60)  # as if the names were long
+    tables = dict(gibbs_fit.summary_tables(0.95))
+    split = tables["Sampler diagnostics of the inclusion indicators"]
+    pd.testing.assert_frame_equal(split, table[["r_hat", "ess_bulk"]])
+    assert "r_hat" not in tables[title].columns
+    monkeypatch.undo()
+    assert max(len(line) for line in gibbs_fit.summary().as_text().splitlines()) <= 100
+
+
 def test_same_seed_same_result(grouped):
     kw = dict(prior=LaplaceZero(rho=0.2), method="gibbs", draws=50, tune=20, chains=2, progress=False)
     with pytest.warns(vbsvm.exceptions.DiagnosticWarning):

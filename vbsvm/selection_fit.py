@@ -27,6 +27,7 @@ import xarray as xr
 from .exceptions import InputError
 from .imputed_fit import ImputedFit
 from .results import Fit
+from .summary import WIDTH, frame_table, table_width
 
 __all__ = ["SelectionFit"]
 
@@ -170,12 +171,26 @@ class SelectionFit(Fit):
         return "Prior:", self._prior_text()
 
     def summary_tables(self, level) -> list:
-        """Extra summary sections: the inclusion table and, for ``rho="auto"``, the ELBO curve."""
+        """Extra summary sections: the inclusion table and, for ``rho="auto"``, the ELBO curve.
+
+        For a Gibbs fit the inclusion table shows each indicator's R-hat and bulk ESS (NaN R-hat
+        and blank ESS: an indicator that never changed), in a table of their own when the
+        joined one would be wider than the summary (long term names), as for the coefficients."""
         tables = list(super().summary_tables(level))
-        inc = self.inclusion()
-        cols = ["p_include", "p_positive", "mean_if_included", "sd_if_included", "median_model"]
-        tables.append((f"Inclusion ({len(self.selected)} of {len(inc)} terms in the median probability "
-                       "model, p_include > 0.5)", inc[cols]))
+        inc = self.inclusion()[["p_include", "p_positive", "mean_if_included", "sd_if_included", "median_model"]]
+        title = f"Inclusion ({len(self.selected)} of {len(inc)} terms in the median probability model, p_include > 0.5)"
+        if self.method != "gibbs":
+            tables.append((title, inc))
+        else:
+            diag = self.diagnostics().reindex([f"gamma[{t}]" for t in inc.index])
+            diag = pd.DataFrame({"r_hat": diag["r_hat"].to_numpy(),
+                                 "ess_bulk": [int(round(v)) if np.isfinite(v) else "" for v in diag["ess_bulk"]]},
+                                index=inc.index)
+            joined = inc.join(diag)
+            if table_width(frame_table(joined, title)) <= WIDTH:
+                tables.append((title, joined))
+            else:
+                tables += [(title, inc), ("Sampler diagnostics of the inclusion indicators", diag)]
         if self.rho_curve is not None:
             tables.append(("rho chosen by the ELBO of the mean-field VB fit on the grid", self.rho_curve.set_index("rho")))
         return tables

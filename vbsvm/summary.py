@@ -141,12 +141,13 @@ def _header_table(head: dict, title: str) -> SimpleTable:
         right.append(("", ""))
     table = SimpleTable([[v] for _, v in left], stubs=[k for k, _ in left], title=title, txt_fmt=fmt_2cols)
     table.extend_right(SimpleTable([[v] for _, v in right], stubs=[k for k, _ in right], txt_fmt=fmt_2cols))
-    if _width(table) <= WIDTH:
+    if table_width(table) <= WIDTH:
         return table
     return SimpleTable([[v] for _, v in items], stubs=[k for k, _ in items], title=title, txt_fmt=fmt_2cols)
 
 
-def _width(table: SimpleTable) -> int:
+def table_width(table: SimpleTable) -> int:
+    """Characters of the widest line of ``table`` as text."""
     return max(map(len, table.as_text().splitlines()))
 
 
@@ -178,7 +179,7 @@ def build_summary(fit, level: float) -> Summary:
         diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
         joined = frame_table(coef.join(diag))
-        if _width(joined) <= WIDTH:
+        if table_width(joined) <= WIDTH:
             smry.tables.append(joined)
         else:  # long term names: the diagnostics get a table of their own
             smry.tables += [frame_table(coef), frame_table(diag, "Sampler diagnostics of the coefficients")]
