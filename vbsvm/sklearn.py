@@ -67,7 +67,7 @@ class BayesianSVC(ClassifierMixin, BaseEstimator):
         Gibbs: kept draws per chain and chains; VB: shape of the stored draws from q.
     tune : int or None, default None
         Gibbs: discarded initial sweeps (None: the default of the wrapped function, 1000 for
-        ``svm`` and 500 for ``gpsvm``).
+        ``svm``, 2000 with a Laplace-zero prior, and 500 for ``gpsvm``).
     seed : int or None, default None
         Seed of every random number of the fit; the same seed gives the same fit.
     progress : bool, default False
