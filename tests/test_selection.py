@@ -668,7 +668,7 @@ def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, mo
     for term, row in table.iterrows():
         r, e = diag.loc[f"gamma[{term}]", ["r_hat", "ess_bulk"]]
         assert (np.isnan(row["r_hat"]) and np.isnan(r)) or row["r_hat"] == pytest.approx(r)
-        assert row["ess_bulk"] == ("" if not np.isfinite(e) else int(round(e)))
+        assert row["ess_bulk"] == ("" if np.isnan(r) or not np.isfinite(e) else int(round(e)))
     monkeypatch.setattr(selection_fit, "WIDTH", 60)  # as if the names were long
     tables = dict(gibbs_fit.summary_tables(0.95))
     split = tables["Sampler diagnostics of the inclusion indicators"]

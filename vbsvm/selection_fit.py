@@ -183,8 +183,10 @@ class SelectionFit(Fit):
             tables.append((title, inc))
         else:
             diag = self.diagnostics().reindex([f"gamma[{t}]" for t in inc.index])
+            moved = np.isfinite(diag["r_hat"].to_numpy())  # ArviZ gives a constant chain the ESS of its length
             diag = pd.DataFrame({"r_hat": diag["r_hat"].to_numpy(),
-                                 "ess_bulk": [int(round(v)) if np.isfinite(v) else "" for v in diag["ess_bulk"]]},
+                                 "ess_bulk": [int(round(v)) if ok and np.isfinite(v) else ""
+                                              for ok, v in zip(moved, diag["ess_bulk"])]},
                                 index=inc.index)
             joined = inc.join(diag)
             if table_width(frame_table(joined, title)) <= WIDTH:
