@@ -7,7 +7,7 @@ acceptance points).
    is within 0.2 of Gibbs' (issue #12's bar: 90%).
 2. breast_cancer (scikit-learn, 569 x 30, rho = 0.01): the same against Gibbs 8 x 40000 sweeps
    (every 2nd kept) after 2000; and issue #17's bar at 4 x 2000 after the default tuning over
-   seeds 1-20 (max R-hat of the indicators with a posterior mean in (0.01, 0.99)).
+   seeds 1-40 (max R-hat of the indicators with a posterior mean in (0.01, 0.99)).
 3. Simulated sparse truth (n = 500, p = 50, 5 non-zero, ``expected_size=5``), independent and
    Toeplitz(0.5)-correlated predictors: AUC of p_include for the true predictors and false
    positives (p_include > 0.5) over 20 replicates, calibrated VB, mean field and Gibbs.
@@ -165,7 +165,7 @@ def breast_cancer_defaults(args, out):
     frame.columns = [c.replace(" ", "_") for c in frame.columns]
     data = frame.rename(columns={"target": "y"})
     rows = []
-    for seed in range(1, (21 if not args.quick else 2)):
+    for seed in range(1, (41 if not args.quick else 2)):
         w0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -183,7 +183,8 @@ def breast_cancer_defaults(args, out):
     out["breast_cancer_defaults"] = {"setting": "LaplaceZero(rho=0.01), chains=4, draws=2000, "
                                                 f"tune={fit.settings['tune']} (the default), max_draws=2000, n_jobs=2; "
                                                 "indicators with p_include in (0.01, 0.99)",
-                                     "runs": rows, "seeds_meeting_1.05": int(sum(r["max_r_hat"] <= 1.05 for r in rows))}
+                                     "runs": rows, "seeds_meeting_1.05": int(sum(r["max_r_hat"] <= 1.05 for r in rows)),
+                                     "note": "the default tune=2000 was chosen on seeds 1-20; seeds 21-40 are held out"}
 
 
 def auc(scores, truth):

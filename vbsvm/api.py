@@ -85,7 +85,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         ``missing="impute"``), whose model jumps list the models that the chains visit during
         tuning (:mod:`vbsvm.inference.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20
         seeds reach max R-hat <= 1.05 over the indicators after 1000 tuning sweeps, 19 of 20
-        after 2000 (``benchmarks/results/spam_selection.json``).
+        after 2000, and all of 20 held-out seeds (``benchmarks/results/spam_selection.json``).
     max_draws : int, optional
         Gibbs: adaptive run length. After ``draws``, if the summary parameters (fixed effects and
         variance components, :meth:`~vbsvm.results.Fit.summary_diagnostics`) miss max R-hat <=
