@@ -118,8 +118,10 @@ class ModelJumpTuner:
             if len(kept) == self.max_models:
                 break
             gamma = models[j]
-            Z = np.array([self.coordinates(r[self.m: self.m + self.n_fixed], r[self.m + self.n_fixed: -1], gamma, r[-1])
-                          for r in rows[inverse == j]])
+            # the row layout is (gamma, fixed, v, eta): pick the columns coordinates() would
+            columns = np.concatenate([np.arange(self.m, self.m + self.n_fixed),
+                                      self.m + self.n_fixed + np.flatnonzero(gamma == 1.0), [rows.shape[1] - 1]])
+            Z = np.ascontiguousarray(rows[inverse == j][:, columns])  # C order: the rounding of Z.T @ Z depends on it
             n, d = Z.shape
             if n < self.min_visits:
                 continue
