@@ -55,6 +55,26 @@ def test_hmc_runs_and_is_kept_when_the_independence_move_goes_badly():
     assert float(state["hmc_log_step"]) == float(state["hmc_log_step_bar"])  # the averaged step is kept
 
 
+def test_each_trials_dual_averaging_starts_from_the_initial_step():
+    """At the refit the step adapted in the first trial (to the first, poorer metric) is not
+    carried over: the new trial's dual averaging shrinks toward 10 times the initial step."""
+    tuner = BlockTuner(16, min_accept=0.2)
+    initial = -0.25 * np.log(16)
+    assert tuner.initial_log_step() == initial
+    rng, state = np.random.default_rng(0), tuner.initial_state()
+    for it in range(320):
+        if tuner.imh_proposal(state) is not None:
+            state = tuner.record_imh(state, 8, 0.0)  # the independence move fails: HMC runs
+        if tuner.runs_hmc(state):
+            state = tuner.record_hmc(state, 0.05)  # rejections shrink the step
+        state = tuner.adapt(state, rng.normal(size=16), it, 320)
+        if it == 238:
+            assert float(state["hmc_log_step_bar"]) < initial - 1.0  # the first trial's step
+        if it == 239:  # the refit
+            assert float(state["hmc_mu"]) == initial + np.log(10.0)
+            assert float(state["hmc_log_step_bar"]) == initial and float(state["hmc_tries"]) == 0.0
+
+
 def test_an_independence_move_far_below_its_bar_gives_up_for_the_rest_of_its_trial():
     tuner = BlockTuner(2, min_accept=0.2)
     state = {**tuner.initial_state(), "blk_phase": np.array(BlockTuner.TRYING), "blk_mean": np.zeros(2),
