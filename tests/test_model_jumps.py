@@ -130,7 +130,7 @@ def test_chains_jump_after_pooling_and_serial_equals_parallel(monkeypatch):
 
 @pytest.mark.parametrize("prior, missing, tune, expected", [
     ("laplace_zero", "drop", None, 2000),  # the list of models is fitted from the tuning sweeps
-    ("laplace_zero", "impute", None, 1000),  # imputed Laplace-zero fits make no jumps
+    ("laplace_zero", "impute", None, 1000),  # each tuning sweep of the cut sampler is 20 inner sweeps
     (None, "drop", None, 1000),
     ("laplace_zero", "drop", 300, 300),  # an explicit tune is kept
 ])

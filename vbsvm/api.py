@@ -82,7 +82,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
         ``tune=None`` (default): 1000 sweeps, or 2000 with ``prior=LaplaceZero(...)`` (without
-        ``missing="impute"``), whose model jumps list the models that the chains visit during
+        ``missing="impute"``, whose tuning sweeps each make 20 of the Laplace-zero block's
+        sweeps: :func:`default_tune`), whose model jumps list the models that the chains visit during
         tuning (:mod:`vbsvm.inference.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20
         seeds reach max R-hat <= 1.05 over the indicators after 1000 tuning sweeps, 19 of 20
         after 2000, and all of 20 held-out seeds (``benchmarks/results/spam_selection.json``).
@@ -269,8 +270,10 @@ TUNE, LAPLACE_ZERO_TUNE = 1000, 2000
 
 def default_tune(prior, missing) -> int:
     """Tuning sweeps of a Gibbs run with ``tune=None``: ``LAPLACE_ZERO_TUNE`` for a Laplace-zero
-    prior whose sampler makes model jumps (not with ``missing="impute"``: those fits make none),
-    whose list of models is fitted from the tuning sweeps; ``TUNE`` otherwise."""
+    prior, whose list of models to jump between is fitted from the tuning sweeps; ``TUNE``
+    otherwise, and with ``missing="impute"``, whose sampler makes
+    :data:`~vbsvm.models.missing.CUT_SVM_SWEEPS` sweeps of the Laplace-zero block per tuning
+    sweep (each records one row; the jumps' list then comes from 20 times as many sweeps)."""
     return LAPLACE_ZERO_TUNE if prior is not None and missing != "impute" else TUNE
 
 

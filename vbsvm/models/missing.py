@@ -889,12 +889,37 @@ class CutImputedSVMModel(ImputedSVMModel):
         Its state is kept under ``"svm"``; the indicators are recorded as ``"incl"`` (``"gamma"``
         is the label effect of the imputation model)."""
         state = dict(svm_state)
+        self.svm.refresh_design()  # its X^T X (the coefficient moves' directions) for the new completion
         if "u" in state:  # 1/a | effective coefficients, new D (as for the linear block)
             state["w"] = hinge.sample_inverse(self.y, self.linear.predictor(state["u"]), rng)
         for _ in range(self.svm_sweeps):
             state = self.svm.gibbs_sweep(state, rng)
         return {"svm": state, "u": state["u"], "incl": state["gamma"], "sigma2": state["sigma2"],
                 "cov": state["cov"], "log_pseudo_likelihood": state["log_pseudo_likelihood"]}
+
+    def gibbs_adapt(self, state, it, tune):
+        """Called by the engine after each tuning sweep: the SVM block's own tuning
+        (Laplace-zero: the add/delete proposals and the recorded models of its jumps, see
+        :meth:`vbsvm.models.selection.LaplaceZeroModel.gibbs_adapt`), fed the block's state after
+        the sweep's last inner sweep. Nothing for the linear block, which keeps its augmented
+        steps here.
+
+        Each inner sweep given the completed design is then the Laplace-zero model's kernel,
+        add/delete moves and jumps included; their proposals are fixed after tuning (fitted on
+        the completions of the tuning sweeps), and every acceptance ratio is computed on the
+        current completion, so the kernel keeps ``p(theta, gamma | y, D)`` invariant for each D."""
+        if self.svm is self.linear:
+            return state
+        return {**state, "svm": self.svm.gibbs_adapt(state["svm"], it, tune)}
+
+    def gibbs_pool(self, states):
+        """Called by the engine once every chain has tuned: the Laplace-zero block's list of
+        models to jump between, pooled over all chains
+        (:meth:`vbsvm.models.selection.LaplaceZeroModel.gibbs_pool`)."""
+        if self.svm is self.linear:
+            return states
+        pooled = self.svm.gibbs_pool([None if s is None else s["svm"] for s in states])
+        return [None if s is None else {**s, "svm": p} for s, p in zip(states, pooled)]
 
 
 # --------------------------------------------------------------------------- checks and settings

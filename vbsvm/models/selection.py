@@ -139,7 +139,10 @@ Missing predictors (``missing="impute"``, the conditional model of :mod:`vbsvm.m
 The imputation block :math:`(D_{mis}, m, \Sigma)` is cut from the hinge, so the target is
 :math:`p(D_{mis}, m, \Sigma \mid D_{obs}, y)\, p(\theta, \gamma, b, \sigma^2, a \mid y, D_{obs}, D_{mis})`.
 Gibbs: the imputation block's full conditionals (:class:`~vbsvm.models.missing.CutImputedSVMModel`),
-:math:`1/a \mid u, D` for the new completion, then the sweep above given the completed design.
+:math:`1/a \mid u, D` for the new completion, then :data:`~vbsvm.models.missing.CUT_SVM_SWEEPS`
+sweeps of the sampler below given the completed design, its add/delete moves and model jumps
+included (their proposals fitted over the tuning sweeps' completions; the cut model's
+``gibbs_adapt`` and ``gibbs_pool``).
 VB: the imputation q first, then this section's Algorithm 3 on completions drawn from it, pooled
 by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
 :math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
