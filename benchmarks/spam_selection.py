@@ -162,6 +162,22 @@ def breast_cancer(args, out):
                                                    chains=chains), out)
 
 
+def indicator_bar(label, fit, seed, wall) -> dict:
+    """One Gibbs run against issue #17's bar (printed): max R-hat and min bulk ESS over the
+    indicators whose posterior mean is in (0.01, 0.99), the terms where they are, and every
+    inclusion probability."""
+    diag = indicator_diagnostics(fit)
+    p = fit.inclusion()["p_include"].reindex(diag.index)
+    bar = diag[(p > 0.01) & (p < 0.99)]
+    row = {"seed": seed, "wall_seconds": wall, "max_r_hat": float(bar["r_hat"].max()),
+           "worst": str(bar["r_hat"].idxmax()), "min_ess_bulk": float(bar["ess_bulk"].min()),
+           "worst_ess": str(bar["ess_bulk"].idxmin()), "n_indicators": int(len(bar)),
+           "p_include": {k: float(v) for k, v in p.items()}}
+    print(f"{label}, seed {seed}: max R-hat {row['max_r_hat']:.4f} ({row['worst']}), min bulk ESS "
+          f"{row['min_ess_bulk']:.0f} ({row['worst_ess']}) over {len(bar)} indicators; {wall:.1f} s")
+    return row
+
+
 def breast_cancer_defaults(args, out):
     """Issue #17's bar: breast_cancer, rho = 0.01, 4 x 2000 after the default tuning (2000
     sweeps; no extension), several seeds: max R-hat and min bulk ESS over the indicators whose
@@ -174,15 +190,7 @@ def breast_cancer_defaults(args, out):
             warnings.simplefilter("ignore")
             fit = vbsvm.svm("y ~ .", data, prior=LaplaceZero(rho=0.01), method="gibbs", seed=seed, progress=False,
                             draws=2000, max_draws=2000, n_jobs=2)
-        wall = time.perf_counter() - w0
-        diag = indicator_diagnostics(fit)
-        p = fit.inclusion()["p_include"].reindex(diag.index)
-        bar = diag[(p > 0.01) & (p < 0.99)]
-        rows.append({"seed": seed, "wall_seconds": wall, "max_r_hat": float(bar["r_hat"].max()),
-                     "worst": str(bar["r_hat"].idxmax()), "min_ess_bulk": float(bar["ess_bulk"].min()),
-                     "n_indicators": int(len(bar))})
-        print(f"breast_cancer defaults, seed {seed}: max R-hat {rows[-1]['max_r_hat']:.4f} ({rows[-1]['worst']}), "
-              f"min bulk ESS {rows[-1]['min_ess_bulk']:.0f} over {len(bar)} indicators; {wall:.1f} s")
+        rows.append(indicator_bar("breast_cancer defaults", fit, seed, time.perf_counter() - w0))
     out["breast_cancer_defaults"] = {"setting": "LaplaceZero(rho=0.01), chains=4, draws=2000, "
                                                 f"tune={fit.settings['tune']} (the default), max_draws=2000, n_jobs=2; "
                                                 "indicators with p_include in (0.01, 0.99)",
@@ -212,17 +220,7 @@ def breast_cancer_imputed(args, out):
             warnings.simplefilter("ignore")
             fit = vbsvm.svm("y ~ .", data, prior=LaplaceZero(rho=0.01), missing="impute", method="gibbs", seed=seed,
                             progress=False, draws=draws, max_draws=draws, n_jobs=2)
-        wall = time.perf_counter() - w0
-        diag = indicator_diagnostics(fit)
-        p = fit.inclusion()["p_include"].reindex(diag.index)
-        bar = diag[(p > 0.01) & (p < 0.99)]
-        rows.append({"seed": seed, "wall_seconds": wall, "max_r_hat": float(bar["r_hat"].max()),
-                     "worst": str(bar["r_hat"].idxmax()), "min_ess_bulk": float(bar["ess_bulk"].min()),
-                     "worst_ess": str(bar["ess_bulk"].idxmin()), "n_indicators": int(len(bar)),
-                     "p_include": {k: float(v) for k, v in p.items()}})
-        print(f"breast_cancer imputed, seed {seed}: max R-hat {rows[-1]['max_r_hat']:.4f} ({rows[-1]['worst']}), "
-              f"min bulk ESS {rows[-1]['min_ess_bulk']:.0f} ({rows[-1]['worst_ess']}) over {len(bar)} indicators; "
-              f"{wall:.1f} s")
+        rows.append(indicator_bar("breast_cancer imputed", fit, seed, time.perf_counter() - w0))
     out["breast_cancer_imputed"] = {
         "setting": f"breast_cancer with 10% of {list(IMPUTED_COLUMNS)} missing (MCAR, seed 11), missing='impute', "
                    f"LaplaceZero(rho=0.01), chains=4, draws={draws}, tune={fit.settings['tune']} (the default), "
