@@ -302,7 +302,8 @@ def esl_ber(args, out):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["spam", "breast", "breast_defaults", "breast_imputed", "auc", "esl"])
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["spam", "breast", "breast_defaults", "breast_imputed", "auc", "esl"])
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),

@@ -81,12 +81,13 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     draws, tune, chains, thin : int
         Gibbs: kept draws per chain, discarded initial sweeps, chains, thinning. For VB fits
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
-        ``tune=None`` (default): 1000 sweeps, or 2000 with ``prior=LaplaceZero(...)`` (without
-        ``missing="impute"``, whose tuning sweeps each make 20 of the Laplace-zero block's
-        sweeps: :func:`default_tune`), whose model jumps list the models that the chains visit during
-        tuning (:mod:`vbsvm.inference.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20
-        seeds reach max R-hat <= 1.05 over the indicators after 1000 tuning sweeps, 19 of 20
-        after 2000, and all of 20 held-out seeds (``benchmarks/results/spam_selection.json``).
+        ``tune=None`` (default): 1000 sweeps, or 2000 with ``prior=LaplaceZero(...)``, whose
+        model jumps list the models that the chains visit during tuning
+        (:mod:`vbsvm.inference.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20 seeds reach
+        max R-hat <= 1.05 over the indicators after 1000 tuning sweeps, 19 of 20 after 2000, and
+        all of 20 held-out seeds (``benchmarks/results/spam_selection.json``). With
+        ``missing="impute"`` it stays 1000: each tuning sweep then makes 20 of the Laplace-zero
+        block's sweeps (:func:`default_tune`).
     max_draws : int, optional
         Gibbs: adaptive run length. After ``draws``, if the summary parameters (fixed effects and
         variance components, :meth:`~vbsvm.results.Fit.summary_diagnostics`) miss max R-hat <=

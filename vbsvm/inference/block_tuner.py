@@ -267,8 +267,8 @@ class BlockTuner:
                 return state
             # each trial's dual averaging starts from the initial step: at the refit, the step the
             # first trial adapted to its poorer metric (fitted from fewer draws) is too short for
-            # the new one, and dual averaging shrinks toward 10 times its start (as Stan, which
-            # re-initializes the step at each metric update). breast_cancer, seeds 1-7 (4 x 2000
+            # the new one, and dual averaging shrinks toward 10 times its start (Stan, too,
+            # re-initializes the step, by a search, at each metric update). breast_cancer, seeds 1-7 (4 x 2000
             # after 1000): min bulk ESS per second +7% on average (-6% to +33%); toenail and the
             # Section 4.2 simulation with d = 50 within +-6%; blocks that keep the independence
             # move (heart, diabetis) unchanged.
