@@ -61,9 +61,16 @@ print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children":
 """
 
 
+#: Prepended to each script: Python's own SIGINT handler. A shell that starts a command in the
+#: background (``nohup sh -c '...' &``, as a CI runner may) leaves SIGINT ignored, the child
+#: inherits that, and Python then keeps it ignored, so the run never sees the interrupt (all three
+#: tests here timed out that way); a terminal's Ctrl-C always finds the handler.
+DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def interrupted_run(script, *args, after=1.5):
     """Run ``script``, send SIGINT to its process group ``after`` s after it prints 'start'."""
-    proc = subprocess.Popen([sys.executable, "-c", script, *map(str, args)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + script, *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=ENV, start_new_session=True, text=True)
     try:
         assert proc.stdout.readline().strip() == "start"
