@@ -323,3 +323,18 @@ def test_svm_checkpoint_argument_gives_the_uninterrupted_draws(tmp_path):
         b = vbsvm.svm("y ~ time + (1 | group)", df, **kw)
     np.testing.assert_array_equal(a.posterior["theta_draws"], b.posterior["theta_draws"])
     assert a.settings["checkpoint"] == str(tmp_path / "ck")
+
+
+def test_a_state_that_cannot_be_saved_is_refused_before_any_sweep(tmp_path, monkeypatch):
+    """A sampler whose state holds a non-array entry (the cut imputation sampler's nested
+    Laplace-zero state) is refused when the run starts, naming the entry, not at its first save
+    a minute in."""
+    from vbsvm.exceptions import InputError
+
+    initial = Counter.gibbs_initial_state
+    monkeypatch.setattr(Counter, "gibbs_initial_state", lambda self, rng: {**initial(self, rng), "svm": {"w": 1}})
+    sweeps = []
+    monkeypatch.setattr(Counter, "gibbs_sweep", lambda self, state, rng: sweeps.append(1) or state)
+    with pytest.raises(InputError, match=r"\['state:svm'\].*run without checkpoint="):
+        run_chains(Counter(), checkpoint=tmp_path / "run", draws=30, tune=5, chains=1, seed=1, progress=False)
+    assert sweeps == [] and not list(tmp_path.iterdir())

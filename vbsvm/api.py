@@ -124,6 +124,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         Gibbs (linear model): each chain saves its position to ``<checkpoint>.chain<c>.npz`` at
         sweep boundaries (about once a minute); rerunning the same call resumes the chains and
         gives the draws of an uninterrupted run (see :func:`vbsvm.inference.gibbs.run_chains`).
+        A sampler whose state a file cannot hold (Laplace-zero with ``missing="impute"``) is
+        refused with an error before the first sweep.
     re_df, re_scale : float and q x q array, optional
         Inverse-Wishart prior ``IW(re_df, re_scale)`` of the covariance of each random-effect
         term with q > 1 columns (``(1 + x | g)``); defaults ``q + 1`` (uniform marginal prior of

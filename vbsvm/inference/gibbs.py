@@ -179,6 +179,22 @@ class Checkpoint:
     def due(self):
         return time.monotonic() - self.last >= self.every
 
+    @staticmethod
+    def check(entries):
+        """Raise :class:`~vbsvm.exceptions.InputError` naming the entries that are not numeric
+        arrays (a checkpoint file holds no pickles), e.g. the nested state of the Laplace-zero
+        block in the cut imputation sampler."""
+        def numeric(value):
+            try:
+                return np.asarray(value).dtype.kind in "biufcU"
+            except ValueError:  # ragged
+                return False
+
+        bad = [k for k, v in entries.items() if not numeric(v)]
+        if bad:
+            raise InputError(f"the Gibbs state entries {bad} are not numeric arrays, so this model cannot be "
+                             "checkpointed; run without checkpoint=.")
+
     def save(self, position, state, kept, rng):
         """Write the chain after ``position`` sweeps (state, kept draws, generator) atomically."""
         from ..fit_file import replace_atomically
@@ -187,10 +203,7 @@ class Checkpoint:
                   "rng": np.array(json.dumps(rng.bit_generator.state))}
         arrays.update({f"state:{k}": np.asarray(v) for k, v in state.items()})
         arrays.update({f"kept:{k}": np.asarray(v) for k, v in kept.items() if v})
-        bad = [k for k, v in arrays.items() if v.dtype.kind not in "biufcU"]
-        if bad:
-            raise InputError(f"the Gibbs state entries {bad} are not numeric arrays, so this model cannot be "
-                             "checkpointed; run without checkpoint=.")
+        self.check(arrays)
 
         def write(tmp):
             with open(tmp, "wb") as f:
@@ -303,8 +316,10 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
                              "same random stream.")
         # the names of the sampler's state (from a throwaway initial state): a checkpoint written by
         # a sampler whose state differs (another vbsvm version) is refused, not resumed with keys missing
+        initial = model.gibbs_initial_state(np.random.default_rng(0))
+        Checkpoint.check({f"state:{k}": v for k, v in initial.items()})  # before any sweep, not at the first save
         meta = {"draws": draws, "tune": tune, "thin": thin, "chains": chains, "record": list(record),
-                "model": type(model).__name__, "state": sorted(model.gibbs_initial_state(np.random.default_rng(0)))}
+                "model": type(model).__name__, "state": sorted(initial)}
         points = [Checkpoint(checkpoint, c, dict(meta, start=rngs[c].bit_generator.state), checkpoint_every)
                   for c in range(chains)]
     cap = draws if monitor is None or checkpoint is not None else max(
