@@ -659,7 +659,7 @@ def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, mo
     """Issue #17: the inclusion table of a Gibbs fit reports R-hat and bulk ESS per indicator
     (those of ``gamma[term]`` in ``fit.diagnostics()``); with term names too long for one table
     they get a table of their own, and no line is wider than the summary."""
-    from vbsvm import selection_fit
+    from vbsvm import summary
 
     (title, table), = [t for t in gibbs_fit.summary_tables(0.95) if t[0].startswith("Inclusion")]
     diag = gibbs_fit.diagnostics()
@@ -669,7 +669,7 @@ def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, mo
         r, e = diag.loc[f"gamma[{term}]", ["r_hat", "ess_bulk"]]
         assert (np.isnan(row["r_hat"]) and np.isnan(r)) or row["r_hat"] == pytest.approx(r)
         assert row["ess_bulk"] == ("" if np.isnan(r) or not np.isfinite(e) else int(round(e)))
-    monkeypatch.setattr(selection_fit, "WIDTH", 60)  # as if the names were long
+    monkeypatch.setattr(summary, "WIDTH", 60)  # as if the names were long
     tables = dict(gibbs_fit.summary_tables(0.95))
     split = tables["Sampler diagnostics of the inclusion indicators"]
     pd.testing.assert_frame_equal(split, table[["r_hat", "ess_bulk"]])

@@ -27,7 +27,7 @@ import xarray as xr
 from .exceptions import InputError
 from .imputed_fit import ImputedFit
 from .results import Fit
-from .summary import WIDTH, frame_table, table_width
+from .summary import beside_or_below
 
 __all__ = ["SelectionFit"]
 
@@ -188,11 +188,7 @@ class SelectionFit(Fit):
                                  "ess_bulk": [int(round(v)) if ok and np.isfinite(v) else ""
                                               for ok, v in zip(moved, diag["ess_bulk"])]},
                                 index=inc.index)
-            joined = inc.join(diag)
-            if table_width(frame_table(joined, title)) <= WIDTH:
-                tables.append((title, joined))
-            else:
-                tables += [(title, inc), ("Sampler diagnostics of the inclusion indicators", diag)]
+            tables += beside_or_below(inc, diag, title, "Sampler diagnostics of the inclusion indicators")
         if self.rho_curve is not None:
             tables.append(("rho chosen by the ELBO of the mean-field VB fit on the grid", self.rho_curve.set_index("rho")))
         return tables

@@ -163,6 +163,16 @@ def frame_table(df: pd.DataFrame, title: str | None = None) -> SimpleTable:
                        title=title, txt_fmt=fmt_params)
 
 
+def beside_or_below(table: pd.DataFrame, diag: pd.DataFrame, title, diag_title) -> list:
+    """``[(title, table joined with diag)]`` if that fits the summary's :data:`WIDTH`, else
+    ``[(title, table), (diag_title, diag)]`` (long term names: the sampler diagnostics get a
+    table of their own)."""
+    joined = table.join(diag)
+    if table_width(frame_table(joined, title)) <= WIDTH:
+        return [(title, joined)]
+    return [(title, table), (diag_title, diag)]
+
+
 def build_summary(fit, level: float) -> Summary:
     """Summary of a linear :class:`~vbsvm.results.Fit` at interval level ``level``.
 
@@ -178,11 +188,8 @@ def build_summary(fit, level: float) -> Summary:
         rows = [f"beta[{t}]" for t in coef.index]
         diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
-        joined = frame_table(coef.join(diag))
-        if table_width(joined) <= WIDTH:
-            smry.tables.append(joined)
-        else:  # long term names: the diagnostics get a table of their own
-            smry.tables += [frame_table(coef), frame_table(diag, "Sampler diagnostics of the coefficients")]
+        smry.tables += [frame_table(df, title)
+                        for title, df in beside_or_below(coef, diag, None, "Sampler diagnostics of the coefficients")]
     else:
         smry.tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
     undefined, alpha = False, False
