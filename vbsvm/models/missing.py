@@ -663,9 +663,13 @@ class ImputedSVMModel:
 
 
 #: Default sweeps of the SVM block per draw of the imputations in the cut Gibbs sampler
-#: (:class:`CutImputedSVMModel`; ``settings["cut_svm_sweeps"]``): on acath 10 sweeps left the sds
-#: 7-10% below the multiple-imputation reference and 25 within its Monte Carlo error; 20 costs
-#: about 3x the naive sampler's time there and gives the most effective draws per second.
+#: (:class:`CutImputedSVMModel`; ``settings["cut_svm_sweeps"]``). On acath, with the plain
+#: augmented inner sweeps of before, 10 sweeps left the sds 7-10% below the multiple-imputation
+#: reference and 25 within its Monte Carlo error; 20 cost about 3x the naive sampler's time and
+#: gave the most effective draws per second. With the tuned block move in the inner sweeps (4 x
+#: 1000 after 1000, seed 1) 5, 10 and 20 sweeps put the sds at 0.88-0.92, 0.93-0.95 and
+#: 0.94-0.98 of the reference (``cad_dur``, which the completions hardly move, 1.01-1.09) in 36,
+#: 55 and 92 s; the plain sweeps gave 0.91-0.97 in 99 s at 20. 20 is kept.
 CUT_SVM_SWEEPS = 20
 
 
@@ -706,10 +710,14 @@ class CutImputedSVMModel(ImputedSVMModel):
     (:meth:`ImputedSVMModel.missing_block` with :math:`w = 0`, :math:`\beta_D = 0`).
 
     **Gibbs** (:meth:`gibbs_sweep`): one sweep draws :math:`D_{mis}, m, \Sigma` from the conditionals
-    above, then runs :attr:`svm_sweeps` sweeps of the SVM block (:math:`\theta, a`, variances from
-    the linear model's conditionals) given that completed design. The imputation chain is an exact
+    above, then runs :attr:`svm_sweeps` sweeps of the SVM block given that completed design: the
+    linear model's own sweep (:meth:`vbsvm.models.linear.LinearSVMModel.gibbs_sweep`) with the
+    state it passes on, so the fixed effects' independence or HMC move and the partially
+    non-centred variance moves that its tuning fits (:meth:`gibbs_adapt`) are used here too. The
+    imputation chain is an exact
     Gibbs sampler of :math:`p(D_{mis}, m, \Sigma \mid D_{obs}, y)`; each SVM sweep is a kernel whose
-    stationary law is :math:`p(\theta \mid y, D)` for the current completion, so the sampler is
+    stationary law is :math:`p(\theta \mid y, D)` for the current completion (its proposals are
+    fixed after tuning and its acceptance ratios use the current design), so the sampler is
     exact as the inner run mixes (Plummer 2015, Section 3, "nested MCMC"). With one inner sweep
     (the "naive" cut sampler) theta lags behind the completions and the spread they add is lost:
     on ``acath`` (1246 of 3504 cholesterol values missing, the completions' spread of the
@@ -718,7 +726,8 @@ class CutImputedSVMModel(ImputedSVMModel):
     by Gibbs, draws pooled) and its min bulk ESS 22 in 2 x 1000 draws; with 4, 10 and 25 inner
     sweeps 0.85-0.88, 0.90-0.93 and 1.01-1.09 (the reference carries about 8% Monte Carlo error in
     its sds), ESS 212, 434 and 650 (``cholesterol`` and the intercept; ``cad_dur``, which the
-    completions hardly move, 0.90-0.96 throughout). Checked against multiple imputation in
+    completions hardly move, 0.90-0.96 throughout); those were plain augmented inner sweeps (for
+    the tuned ones see :data:`CUT_SVM_SWEEPS`). Checked against multiple imputation in
     ``tests/test_missing.py``.
 
     **VB** (:meth:`vb_sweep`): the imputation model's mean-field
@@ -856,11 +865,14 @@ class CutImputedSVMModel(ImputedSVMModel):
         state.pop("mu")
         if self.svm is not self.linear:
             state["svm"] = self.svm.gibbs_initial_state(rng)
+        else:  # the linear block's tuners (its block moves, the exponents of its levels)
+            state = {**self.linear.gibbs_initial_state(rng), **state}
         return state
 
     def gibbs_sweep(self, state, rng):
-        """D_mis | m, Sigma; m | D; Sigma | D, m (the imputation chain); then theta, 1/a and the
-        variances of the linear model given the completed design."""
+        """D_mis | m, Sigma; m | D; Sigma | D, m (the imputation chain); then :attr:`svm_sweeps`
+        sweeps of the SVM block given the completed design, after the scores and ``1/a | theta``
+        for the new design."""
         Lam = state["Lam_imp"]
         cells = self._draw_blocks(self.imputation_blocks(Lam, state["means"]), state["cells"], rng)
         self.set_cells(cells)
@@ -872,16 +884,13 @@ class CutImputedSVMModel(ImputedSVMModel):
                       "mu": means.mean(axis=0), "gamma": 0.5 * (means[1] - means[0])}
         if self.svm is not self.linear:
             return {**imputation, **self._svm_gibbs_step(state["svm"], rng)}
-        w = state["w"]
-        if "theta" in state:  # 1/a | theta, new D: keeps (theta, a) | D's law invariant for the new D
-            w = hinge.sample_inverse(self.y, self.linear.predictor(state["theta"]), rng)
-        scan = {"w": w, "tau": state["tau"], "Lam": state["Lam"]}
+        scan = {k: v for k, v in state.items() if k not in imputation}
+        if "theta" in state:  # the scores and 1/a | theta for the new D: keeps (theta, a) | D's law invariant
+            scan["f"] = self.linear.predictor(state["theta"])
+            scan["w"] = hinge.sample_inverse(self.y, scan["f"], rng)
         for _ in range(self.svm_sweeps):
-            scan = self.linear.gibbs_sweep({"w": scan["w"], "tau": scan["tau"], "Lam": scan["Lam"]}, rng)
-        theta, f, w, sigma2 = scan["theta"], scan["f"], scan["w"], scan["sigma2"]
-        return {**imputation, "w": w, "tau": 1.0 / sigma2, "Lam": scan["Lam"], "cov": scan["cov"],
-                "theta": theta, "sigma2": sigma2,
-                "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum()}
+            scan = self.linear.gibbs_sweep(scan, rng)
+        return {**scan, **imputation}
 
     def _svm_gibbs_step(self, svm_state, rng):
         """One sweep of the SVM block's own sampler (:attr:`svm`, e.g. Appendix B of the
@@ -901,15 +910,17 @@ class CutImputedSVMModel(ImputedSVMModel):
         """Called by the engine after each tuning sweep: the SVM block's own tuning
         (Laplace-zero: the add/delete proposals and the recorded models of its jumps, see
         :meth:`vbsvm.models.selection.LaplaceZeroModel.gibbs_adapt`), fed the block's state after
-        the sweep's last inner sweep. Nothing for the linear block, which keeps its augmented
-        steps here.
+        the sweep's last inner sweep; the linear block's (:meth:`vbsvm.models.linear.LinearSVMModel.gibbs_adapt`:
+        the fixed effects' independence or HMC move, the exponents of the partially non-centred
+        variance moves), fed the state itself.
 
-        Each inner sweep given the completed design is then the Laplace-zero model's kernel,
-        add/delete moves and jumps included; their proposals are fixed after tuning (fitted on
-        the completions of the tuning sweeps), and every acceptance ratio is computed on the
-        current completion, so the kernel keeps ``p(theta, gamma | y, D)`` invariant for each D."""
+        Each inner sweep given the completed design is then the SVM model's own kernel (the
+        Laplace-zero model's add/delete moves and jumps, or the linear model's block move)
+        with its proposals fixed after tuning (fitted on the completions of the tuning sweeps)
+        and every acceptance ratio computed on the current completion, so it keeps
+        ``p(theta | y, D)`` (``p(theta, gamma | y, D)``) invariant for each D."""
         if self.svm is self.linear:
-            return state
+            return self.linear.gibbs_adapt(state, it, tune)
         return {**state, "svm": self.svm.gibbs_adapt(state["svm"], it, tune)}
 
     def gibbs_pool(self, states):
