@@ -667,9 +667,11 @@ class ImputedSVMModel:
 #: augmented inner sweeps of before, 10 sweeps left the sds 7-10% below the multiple-imputation
 #: reference and 25 within its Monte Carlo error; 20 cost about 3x the naive sampler's time and
 #: gave the most effective draws per second. With the tuned block move in the inner sweeps (4 x
-#: 1000 after 1000, seed 1) 5, 10 and 20 sweeps put the sds at 0.88-0.92, 0.93-0.95 and
-#: 0.94-0.98 of the reference (``cad_dur``, which the completions hardly move, 1.01-1.09) in 36,
-#: 55 and 92 s; the plain sweeps gave 0.91-0.97 in 99 s at 20. 20 is kept.
+#: 1000 after 1000, seeds 1-2), against a reference of 100 completions (about 0.09 sd of Monte
+#: Carlo error in its means), 5, 10 and 20 sweeps put the sds at 0.84-0.92, 0.89-0.93 and
+#: 0.92-0.95 of the reference (``cad_dur``, which the completions hardly move, 0.99-1.06) and the
+#: means within 0.14, 0.13 and 0.04 of its sds, in 31, 51 and 87 s; the plain sweeps took 99 s at
+#: 20. 20 is kept.
 CUT_SVM_SWEEPS = 20
 
 
