@@ -83,6 +83,23 @@ def test_pooling_fits_one_list_from_every_chain_and_drops_the_rows():
     assert states[0]["jump_rows"] is a  # the engine's states are not changed in place
 
 
+def test_a_chain_that_tuned_in_one_model_keeps_its_rows_for_pooling():
+    """At the last tuning sweep a chain's own fit finds one model (no list); its recorded rows
+    must survive that fit, so that :meth:`ModelJumpTuner.pool` fits the list from every chain
+    (they were dropped before, and a chain that stayed in one model did not count)."""
+    rng = np.random.default_rng(2)
+    tuner = ModelJumpTuner(2, 1)
+    tune, states = 40, []
+    for gamma in (np.array([1.0, 0.0]), np.array([0.0, 1.0])):
+        state = tuner.initial_state()
+        for it in range(tune):
+            state = tuner.record(state, it, tune, gamma, rng.normal(size=1), rng.normal(size=2), rng.normal())
+        assert state["jump_models"].shape[0] == 0 and state["jump_rows"].shape[0] == tune - tune // 4
+        states.append(state)
+    pooled = tuner.pool(states)
+    assert pooled[0]["jump_models"].shape[0] == 2 and pooled[0]["jump_rows"].shape[0] == 0
+
+
 def _selection_model(seed=5, n=60, m=3):
     rng = np.random.default_rng(seed)
     X = np.column_stack([np.ones(n), rng.normal(size=(n, m))])

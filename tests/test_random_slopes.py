@@ -152,15 +152,21 @@ def test_schur_complement_stays_accurate_with_a_huge_augmentation_weight():
 
 
 @pytest.mark.usefixtures("one_blas_thread")
-@pytest.mark.parametrize("seed,scale", [pytest.param(5, 1, id="fast"),
-                                        pytest.param(51, 3, id="slow", marks=pytest.mark.slow)])
-def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale):
-    """y ~ x + (1 + x | g), 6 groups x 8 rows, fixed penalty; Sigma ~ IW(nu, Psi) integrated out
-    in the target: prod_l N(b_l; 0, Sigma) IW(Sigma) -> |Psi + S|^{-(nu + m)/2}."""
+@pytest.mark.parametrize("seed,scale,penalty", [pytest.param(5, 1, 0.25, id="fast"),
+                                                pytest.param(9, 1, "auto", id="fast-auto"),
+                                                pytest.param(51, 3, 0.25, id="slow", marks=pytest.mark.slow)])
+def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale, penalty):
+    """y ~ x + (1 + x | g), 6 groups x 8 rows; Sigma ~ IW(nu, Psi) integrated out in the target:
+    prod_l N(b_l; 0, Sigma) IW(Sigma) -> |Psi + S|^{-(nu + m)/2}. A fixed penalty, or
+    ``penalty="auto"`` with ``sigma2_u ~ IG(1, 1)`` integrated out likewise:
+    N(beta_x; 0, sigma2_u) IG(sigma2_u) -> (1 + beta_x^2 / 2)^{-3/2}. The sweep's moves along the
+    common scale of everything (:meth:`LinearSVMModel._rescale_everything`) and the shift between
+    the levels and the fixed effects (:meth:`LinearSVMModel._shift_slope_locations`) run in both."""
     df = slope_frame(6, 8, seed=seed, sd=(0.8, 0.6))
-    nu, Psi, alpha = 4.0, np.array([[1.0, 0.2], [0.2, 0.5]]), 0.25
-    fit = gibbs_fit("y ~ x + (1 + x | g)", df, scale=scale, seed=seed, tune=500, thin=1, penalty=alpha,
-                    re_df=nu, re_scale=Psi)
+    nu, Psi = 4.0, np.array([[1.0, 0.2], [0.2, 0.5]])
+    inferred = penalty == "auto"
+    fit = gibbs_fit("y ~ x + (1 + x | g)", df, scale=scale, seed=seed, tune=500, thin=1, penalty=penalty,
+                    re_df=nu, re_scale=Psi, **(dict(A_u=1.0, B_u=1.0) if inferred else {}))
     lay = fit.layout
     levels = [str(v) for v in lay.groups["g"][0]]
     assert levels == [f"g{k:03d}" for k in range(6)]
@@ -175,8 +181,9 @@ def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale):
         beta, b = t[:, :2], t[:, 2:].reshape(-1, 6, 2)
         f = X @ beta.T + np.einsum("ij,kij->ik", X, b[:, g, :])
         Sc = Psi + np.einsum("klj,kli->kji", b, b)
+        slope_prior = -1.5 * np.log1p(0.5 * beta[:, 1] ** 2) if inferred else -2 * penalty * beta[:, 1] ** 2
         return (-2 * np.maximum(0, 1 - y[:, None] * f).sum(0) - beta[:, 0] ** 2 / 2e8
-                - 2 * alpha * beta[:, 1] ** 2 - 0.5 * (nu + 6) * np.linalg.slogdet(Sc)[1])
+                + slope_prior - 0.5 * (nu + 6) * np.linalg.slogdet(Sc)[1])
 
     rng = np.random.default_rng(seed)
     K, d = 16, 2 + 12
@@ -203,7 +210,49 @@ def test_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
     monkeypatch.setattr(linear.LinearSVMModel, "_redraw_slope_levels",
                         lambda self, theta, f, covs, rng: original(self, theta, f, [S / 4 for S in covs], rng))
     with pytest.raises(AssertionError):
-        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1)
+        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1, 0.25)
+
+
+@pytest.mark.parametrize("broken", ["scale_jacobian", "shift_covariance"])
+def test_gibbs_check_detects_a_wrong_scale_or_shift_move(monkeypatch, broken):
+    """Power: the comparison rejects the move along the common scale without the Jacobian of the
+    covariance's three entries (``logp(t) - 3 t``), and the shift of the slope levels drawn with
+    a covariance 4x too small."""
+    from vbsvm.models import linear
+
+    if broken == "scale_jacobian":
+        original = linear.LinearSVMModel._scale_orbit
+
+        def orbit(self, theta, f, sigma2, covariances):
+            logp, move = original(self, theta, f, sigma2, covariances)
+            return (lambda t: logp(t) - 3.0 * t), move
+
+        monkeypatch.setattr(linear.LinearSVMModel, "_scale_orbit", orbit)
+    else:
+        original = linear.LinearSVMModel._shift_slope_locations
+        monkeypatch.setattr(linear.LinearSVMModel, "_shift_slope_locations",
+                            lambda self, theta, s2, covs, rng: original(self, theta, s2, [S / 4 for S in covs], rng))
+    with pytest.raises(AssertionError):
+        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1, 0.25)
+
+
+def test_slope_shift_maps_match_the_fixed_effects_and_keep_the_scores():
+    """``X M = Z`` for a slope term whose columns have fixed effects (standardized design: the
+    map carries the centring into the intercept); None without a fixed effect of the slope's
+    predictor; the shift leaves every score unchanged and moves the fixed effects."""
+    df = slope_frame(8, 6, seed=3)
+    design = build_design("y ~ x + z + (1 + x | g)", df)
+    model = LinearSVMModel.from_design(design, SETTINGS)
+    (M,), Z = model._slope_maps, model._slope_terms[0][2]
+    np.testing.assert_allclose(model.Cd[:, : model.p] @ M, Z, atol=1e-12)
+    missing = LinearSVMModel.from_design(build_design("y ~ z + (1 + x | g)", df), SETTINGS)
+    assert missing._slope_maps == [None]
+    rng = np.random.default_rng(0)
+    theta = rng.normal(size=model.q)
+    Sigma = [np.array([[1.0, 0.3], [0.3, 0.5]])]
+    shifted = model._shift_slope_locations(theta, np.ones(len(model.variance_components)), Sigma, rng)
+    np.testing.assert_allclose(model.predictor(shifted), model.predictor(theta), atol=1e-10)
+    assert np.abs(shifted[: model.p] - theta[: model.p]).max() > 1e-3
 
 
 def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):
@@ -218,7 +267,7 @@ def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):
 
     monkeypatch.setattr(linear.LinearSVMModel, "covariance_posteriors", broken)
     with pytest.raises(AssertionError):
-        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1)
+        test_gibbs_against_rwm_with_covariance_integrated_out(5, 1, 0.25)
     monkeypatch.setattr(linear.LinearSVMModel, "covariance_posteriors", original)
 
 
@@ -290,6 +339,22 @@ def test_laplace_zero_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
     original = linear.LinearSVMModel._redraw_slope_levels
     monkeypatch.setattr(linear.LinearSVMModel, "_redraw_slope_levels",
                         lambda self, theta, f, covs, rng: original(self, theta, f, [S / 4 for S in covs], rng))
+    with pytest.raises(AssertionError):
+        test_laplace_zero_gibbs_with_slopes_against_rwm(7, 1 / 3)
+
+
+def test_laplace_zero_gibbs_check_detects_a_wrong_scale_move(monkeypatch):
+    """Power: in the Laplace-zero sweep, the move along the common scale without the Jacobian of
+    the covariance's three entries is rejected."""
+    from vbsvm.models import linear
+
+    original = linear.LinearSVMModel._scale_orbit
+
+    def orbit(self, theta, f, sigma2, covariances):
+        logp, move = original(self, theta, f, sigma2, covariances)
+        return (lambda t: logp(t) - 3.0 * t), move
+
+    monkeypatch.setattr(linear.LinearSVMModel, "_scale_orbit", orbit)
     with pytest.raises(AssertionError):
         test_laplace_zero_gibbs_with_slopes_against_rwm(7, 1 / 3)
 

@@ -352,6 +352,23 @@ def test_exact_check_detects_a_wrong_level_move(monkeypatch):
         test_random_intercept_two_groups_exact(3, 1)
 
 
+def test_exact_check_detects_a_wrong_scale_move(monkeypatch):
+    """The move along the common scale of the intercept, the levels and their variance with the
+    variance's Jacobian of the wrong sign (``- 2t`` on the orbit's log density) is rejected. (The
+    Jacobian merely dropped, ``- t``, passes at this length: the conjugate and non-centred
+    variance steps of the same sweep pull the draws back; the slopes' check in
+    ``test_random_slopes.py``, where this move carries the mixing, rejects a dropped Jacobian.)"""
+    def wrong(orig):
+        def orbit(self, theta, f, sigma2, covariances):
+            logp, move = orig(self, theta, f, sigma2, covariances)
+            return (lambda t: logp(t) - 2.0 * sigma2.size * t), move
+        return orbit
+
+    _broken(monkeypatch, "_scale_orbit", wrong)
+    with pytest.raises(AssertionError):
+        test_random_intercept_two_groups_exact(3, 1)
+
+
 def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
     """The marginal single-site move of the fixed effects with a prior 4x too tight is rejected."""
     _broken(monkeypatch, "_redraw_fixed_effects",

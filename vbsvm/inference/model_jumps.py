@@ -133,8 +133,8 @@ class ModelJumpTuner:
             kept.append(gamma)
             means.append(np.pad(mean, (0, self.width - d)))
             chols.append(np.pad(chol, ((0, self.width - d), (0, self.width - d))))
-        if len(kept) < 2:
-            return self.initial_state()
+        if len(kept) < 2:  # no list; the recorded rows stay for :meth:`pool`
+            return {k: v for k, v in self.initial_state().items() if k != "jump_rows"}
         return {"jump_models": np.array(kept), "jump_mean": np.array(means), "jump_chol": np.array(chols)}
 
     def _dim(self, gamma) -> int:

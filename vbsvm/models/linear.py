@@ -691,6 +691,16 @@ class LinearSVMModel:
         self._slope_terms = [(c, codes, np.asarray(Z, dtype=float), hinge.GroupLayout(codes, m))
                              for c in self.covariance_components
                              for codes, m, name, Z in terms if c.name == f"Sigma_{name}"]
+        #: X M = Z for each of them, for the shift between their levels and the fixed effects
+        self._slope_maps = self._slope_shift_maps()
+        fixed = [c for c in self.components if c.kind == "fixed"]
+        #: coordinates and prior precisions of the coefficients with a known prior (the scale orbit)
+        self._known_prior = ((np.concatenate([np.ravel(c.index) for c in fixed]),
+                               np.concatenate([np.full(np.size(c.index), c.precision) for c in fixed]))
+                              if fixed else (np.zeros(0, dtype=int), np.zeros(0)))
+        #: whether there are random effects (the Gibbs sweep's move along the common scale)
+        self.random_effects = bool(self.covariance_components) or any(c.name != "sigma2_u"
+                                                                     for c in self.variance_components)
         self._diagonal_prior = np.ones(self.q, dtype=bool)
         for c in self.covariance_components:
             self._diagonal_prior[c.index.ravel()] = False
@@ -1054,6 +1064,127 @@ class LinearSVMModel:
             theta[c.index] = a @ L.T
         return theta, f
 
+    def _shift_slope_locations(self, theta, sigma2, covariances, rng):
+        r"""Exact draw of a common shift ``delta`` (q,) between the fixed effects of a slope term's
+        columns and its levels: ``beta + M delta``, ``b_l - delta`` leaves every score unchanged
+        (``X M = Z``, :meth:`_slope_shift_maps`), so its full conditional is Gaussian from the
+        priors alone: precision ``P = m Sigma^{-1} + M' T M`` and mean
+        ``P^{-1} (Sigma^{-1} sum_l b_l - M' T beta)``, T the fixed effects' prior precisions. The
+        slope-term analogue of :meth:`_shift_location`; on toenail ``(1 + time | patient_id)`` it
+        took the bulk ESS of ``time`` at 4 x 1000 from about 375 to about 500."""
+        theta = theta.copy()
+        T = self.prior_precision(1.0 / sigma2)[: self.p]
+        for (c, _, _, _), Sigma, M in zip(self._slope_terms, covariances, self._slope_maps):
+            if M is None:
+                continue
+            b, beta = theta[c.index], theta[: self.p]
+            Lam = spd_inverse(Sigma)
+            P = b.shape[0] * Lam + M.T @ (T[:, None] * M)
+            L = np.linalg.cholesky(P)
+            mean = np.linalg.solve(P, Lam @ b.sum(axis=0) - M.T @ (T * beta))
+            delta = mean + np.linalg.solve(L.T, rng.standard_normal(P.shape[0]))
+            theta[c.index] = b - delta
+            theta[: self.p] = beta + M @ delta
+        return theta
+
+    def _slope_shift_maps(self) -> list:
+        """For each term with slopes, the ``p x q`` matrix M with ``X M = Z`` (X the fixed effects'
+        columns, Z the term's), or None where some column of Z is not an affine function of one
+        fixed-effect column (e.g. ``(1 + x | g)`` without a fixed effect of x): column r of Z is
+        matched to the intercept if constant, else to the one column of X that is an exact affine
+        function of it (the standardized copy of the same predictor). Matching single columns
+        (not a least-squares fit on all of X) keeps imputed columns out of M: the slope columns
+        are observed, so no filled-in column equals one of them."""
+        X = self.Cd[:, : self.p]
+        if X.shape[0] == 0:  # a skeleton without rows (the Dask backend's)
+            return [None] * len(self._slope_terms)
+        maps = []
+        for _, _, Z, _ in self._slope_terms:
+            M = np.zeros((self.p, Z.shape[1]))
+            for r, z in enumerate(Z.T):
+                if np.ptp(z) == 0.0:
+                    if self.intercept is None:
+                        break
+                    M[self.intercept, r] = z[0] / X[0, self.intercept]
+                    continue
+                for j in range(self.p):
+                    x = X[:, j]
+                    if self.intercept is None or j == self.intercept or np.ptp(x) == 0.0:
+                        continue
+                    xc = x - x.mean()
+                    slope = float(xc @ z) / float(xc @ xc)
+                    offset = z.mean() - slope * x.mean()
+                    if np.allclose(offset + slope * x, z, rtol=0.0, atol=1e-9 * max(1.0, np.abs(z).max())):
+                        M[j, r] = slope
+                        M[self.intercept, r] = offset / X[0, self.intercept]
+                        break
+                else:
+                    break
+            else:
+                maps.append(M)
+                continue
+            maps.append(None)
+        return maps
+
+    def _rescale_everything(self, theta, f, sigma2, covariances, rng):
+        """Update of the common scale of every coefficient, variance and covariance on the marginal
+        pseudo-posterior (w integrated out): ``t`` slice-sampled from :meth:`_scale_orbit`'s
+        density and the state moved to the orbit's point at t. With random slopes the posterior
+        has a ridge along this orbit that the one-variance moves (:meth:`_rescale_variance`) do
+        not follow: on toenail ``(1 + time | patient_id)`` with ``penalty=None`` the log variances
+        correlate 0.87 with each other and -0.5 to -0.65 with the fixed intercept and time, and
+        with this move (and :meth:`_shift_slope_locations`) the min bulk ESS at 4 x 1000 went from
+        18-60 to 318-438 and the max R-hat from 1.07-1.18 to 1.007-1.013 (seeds 1, 3, 5, 7; 14%
+        more time). Like :meth:`_rescale_variance` it must be followed by a fresh ``w | theta``.
+        Returns ``(theta, f, sigma2)``; the covariances move too but are not returned: the sweep
+        draws them next from ``Sigma | b``, which no step in between uses."""
+        logp, move = self._scale_orbit(theta, f, sigma2, covariances)
+        return move(slice_sample(logp, 0.0, rng, width=1.0)[0])
+
+    def _scale_orbit(self, theta, f, sigma2, covariances):
+        r"""The orbit ``t -> (theta e^{t/2}, sigma2 e^t, Sigma e^t)`` of every coefficient, variance
+        and covariance at once: returns ``(logp, move)``, the log density of t along it and the
+        map from t to the new ``(theta, f, sigma2)``.
+
+        The score moves to ``f e^{t/2}``. A coefficient governed by a variance or covariance has a
+        normal prior whose density changes by ``e^{-t/2}``, which its Jacobian ``e^{t/2}`` cancels
+        (so does a Laplace-zero term's: given its mixing variable its prior is
+        ``N(0, sigma_u^2 / b_k)``); a coefficient with a known prior precision :math:`\tau_j` keeps
+        its Jacobian. So
+
+        .. math::
+
+            \log p(t) = -2\sum_i (1 - y_i f_i e^{t/2})_+ - \tfrac{e^t}{2}\sum_{j\,\mathrm{known}}
+            \tau_j\theta_j^2 + \tfrac{t}{2} n_{\mathrm{known}} + \sum_k [\log p_{IG}(\sigma_k^2 e^t) + t]
+            + \sum_c [\log p_{IW}(\Sigma_c e^t) + \tfrac{q_c(q_c + 1)}{2} t],
+
+        the last terms the priors of the variances and covariances with the Jacobians of
+        ``sigma2 e^t`` and of the ``q(q+1)/2`` free entries of ``Sigma e^t``. Each evaluation is
+        an O(n) pass.
+        """
+        known, tau_known = self._known_prior
+        ss = float(np.sum(tau_known * theta[known] ** 2))
+        yf = self.y * f
+        priors = [InverseWishart(c.scale, c.df) for c in self.covariance_components]
+        log_sigma2 = np.log(sigma2)
+        low, high = LOG_VARIANCE_RANGE
+        jacobian = 0.5 * known.size + sigma2.size + sum(0.5 * S.shape[0] * (S.shape[0] + 1) for S in covariances)
+
+        def logp(t):
+            if sigma2.size and not (low < log_sigma2.min() + t and log_sigma2.max() + t < high):
+                return -math.inf
+            e = math.exp(t)
+            out = -2.0 * float(np.maximum(0.0, 1.0 - math.sqrt(e) * yf).sum()) - 0.5 * ss * e + jacobian * t
+            if sigma2.size:
+                out += self.variance_log_prior(sigma2 * e)
+            return out + sum(prior.logpdf(S * e) for S, prior in zip(covariances, priors))
+
+        def move(t):
+            scale = math.exp(0.5 * t)
+            return theta * scale, f * scale, sigma2 * scale * scale
+
+        return logp, move
+
     def _redraw_fixed_effects(self, theta, f, sigma2, rng, directions=None, tau=None):
         """Marginal (w integrated out) slice moves of the fixed effects along fixed directions:
         along direction ``v`` the step ``t`` (``beta + t v``) has density
@@ -1282,7 +1413,9 @@ class LinearSVMModel:
         partially non-centred with ``exponents[k]`` where that dict has variance k's levels'
         exponents), the intercept-versus-levels shift, the levels of the
         random intercepts and, given their ``covariances``, of the terms with slopes
-        (:meth:`_redraw_slope_levels`), and (unless ``slice_moves`` is False) the fixed effects
+        (:meth:`_redraw_slope_levels`) with their shift against the fixed effects
+        (:meth:`_shift_slope_locations`) and the common scale of everything
+        (:meth:`_rescale_everything`), and (unless ``slice_moves`` is False) the fixed effects
         along ``directions`` (:meth:`_redraw_fixed_effects`). Returns ``(theta, f, sigma2)``; w
         must be drawn afresh after them."""
         for _ in range(self.level_rounds if self._shiftable else 1):
@@ -1293,6 +1426,9 @@ class LinearSVMModel:
                 theta, f = self._redraw_levels(theta, self.predictor(theta), sigma2, rng)
         if covariances:
             theta, f = self._redraw_slope_levels(theta, f, covariances, rng)
+            theta = self._shift_slope_locations(theta, sigma2, covariances, rng)
+        if self.random_effects:
+            theta, f, sigma2 = self._rescale_everything(theta, f, sigma2, covariances, rng)
         if slice_moves:
             theta, f = self._redraw_fixed_effects(theta, f, sigma2, rng, directions)
         return theta, f, sigma2

@@ -683,30 +683,38 @@ class LaplaceZeroModel:
         intercept-versus-levels shift and the levels,
         :attr:`~vbsvm.models.linear.LinearSVMModel.level_rounds` times; then the levels of the
         terms with slopes given their covariances (the inverses of ``covariance_precisions``;
-        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_slope_levels`). They touch the
-        intercept, the levels and their variances only, never a selectable coefficient, so the
-        Laplace-zero part of the posterior plays no role in them. Without random effects only the
-        score is computed. Returns ``(theta, f)``: the variances they move are drawn again
-        (conjugate, centred) later in the sweep, which interweaves the two parameterizations as in
-        the linear model. w must be drawn afresh after them."""
+        :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_slope_levels`). Up to there they
+        touch the intercept, the levels and their variances only, never a selectable coefficient,
+        so the Laplace-zero part of the posterior plays no role in them. With slopes, last, the
+        common scale of every coefficient (the selectable terms' ``v``, included or not), variance
+        (``sigma_u^2`` too) and covariance
+        (:meth:`~vbsvm.models.linear.LinearSVMModel._rescale_everything`): given its mixing
+        variable ``b_k`` a term's prior is ``N(v_k; 0, sigma_u^2 / b_k)``, invariant along the
+        orbit up to the Jacobian like any variance-governed coefficient, and the indicators and
+        b stay put. Without random effects only the score is computed. Returns
+        ``(theta, f, sigma2)``; the variances are drawn again (conjugate, centred) later in the
+        sweep, which interweaves the two parameterizations as in the linear model. w must be
+        drawn afresh after them."""
         base = self.base
         u = self.effective(theta, gamma)
         f = base.predictor(u)
-        if not (base._shiftable or base._slope_terms):
-            return theta, f
+        if not base.random_effects:
+            return theta, f, sigma2
         sigma2 = np.array(sigma2, dtype=float, copy=True)
         for _ in range(base.level_rounds if base._shiftable else 0):
             for k, _index in base._shiftable:
                 u, f, sigma2 = base._rescale_variance(k, u, f, sigma2, rng, (exponents or {}).get(k))
             u = base._shift_location(u, sigma2, rng)
             u, f = base._redraw_levels(u, base.predictor(u), sigma2, rng)
-        if base._slope_terms:
-            u, f = base._redraw_slope_levels(u, f, [spd_inverse(P) for P in covariance_precisions], rng)
+        covariances = [spd_inverse(P) for P in covariance_precisions]
+        if covariances:
+            u, f = base._redraw_slope_levels(u, f, covariances, rng)
         theta = np.array(theta, dtype=float, copy=True)
         keep = np.ones(self.q, dtype=bool)
         keep[self.sel] = False
         theta[keep] = u[keep]
-        return theta, f
+        theta, f, sigma2 = base._rescale_everything(theta, f, sigma2, covariances, rng)
+        return theta, f, sigma2
 
     def coefficient_moves(self, theta, gamma, b, sigma2, f, rng):
         """Marginal (augmentation weights integrated out) slice moves of the coefficients in the
@@ -998,14 +1006,14 @@ class LaplaceZeroModel:
         draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
         gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
-        theta, f = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng, self.base._level_exponents(state))
-        theta, f = self.coefficient_moves(theta, gamma, state["b"], state["sigma2"], f, rng)
+        theta, f, sigma2 = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng,
+                                                    self.base._level_exponents(state))
+        theta, f = self.coefficient_moves(theta, gamma, state["b"], sigma2, f, rng)
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
-            theta, gamma, f = self.flip_moves(theta, gamma, b, state["sigma2"], f, flips, rng)
+            theta, gamma, f = self.flip_moves(theta, gamma, b, sigma2, f, flips, rng)
         jumps = ModelJumpTuner.carry(state)
-        sigma2 = state["sigma2"]
         if jumps and jumps["jump_models"].shape[0]:
             theta, gamma, sigma2, f = self.model_jumps(theta, gamma, sigma2, f, jumps, rng)
         u = self.effective(theta, gamma)
