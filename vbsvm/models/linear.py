@@ -1436,8 +1436,9 @@ class LinearSVMModel:
     def gibbs_sweep(self, state, rng):
         """One scan: theta | w, prior; each variance | theta (centred, conjugate IG) and again with
         its coefficients (non-centred or partially, :meth:`_rescale_variance`); the levels of the
-        random intercepts and of the terms with slopes with w integrated out
-        (:meth:`marginal_moves`); 1/a | theta; each covariance | theta.
+        random intercepts and of the terms with slopes with w integrated out, and with random
+        effects the common scale of everything (:meth:`marginal_moves`); 1/a | theta; each
+        covariance | theta.
 
         The two variance updates interweave the centred and the non-centred parameterization
         (ASIS, Yu & Meng 2011): the centred step mixes when the data pin the coefficients down,
