@@ -48,7 +48,8 @@ fits, and the other coefficients hold the fit they had with or without term k). 
 collapsed Gibbs sampler (van Dyk & Park 2008). On toenail with ``LaplaceZero(0.1)`` and random
 intercepts (4 x 1000 after 1000) this took the bulk ESS of the ``time:terbinafine`` indicator
 from 14 to 62; the random effects then move as in the linear model (partially non-centred variance,
-shift, levels; the levels of terms with slopes in whitened coordinates:
+shift, levels; the levels of terms with slopes in whitened coordinates; then the common scale
+of every coefficient, the selectable ones included, and every variance and covariance:
 :meth:`LaplaceZeroModel.random_effect_moves`), and the coefficients in the model by slice moves
 with w integrated out (:meth:`LaplaceZeroModel.coefficient_moves`). Nor does it draw
 :math:`\sigma_u^2` from the conditional above, which conditions on the excluded terms'
@@ -685,7 +686,7 @@ class LaplaceZeroModel:
         terms with slopes given their covariances (the inverses of ``covariance_precisions``;
         :meth:`~vbsvm.models.linear.LinearSVMModel._redraw_slope_levels`). Up to there they
         touch the intercept, the levels and their variances only, never a selectable coefficient,
-        so the Laplace-zero part of the posterior plays no role in them. With slopes, last, the
+        so the Laplace-zero part of the posterior plays no role in them. Last, the
         common scale of every coefficient (the selectable terms' ``v``, included or not), variance
         (``sigma_u^2`` too) and covariance
         (:meth:`~vbsvm.models.linear.LinearSVMModel._rescale_everything`): given its mixing
