@@ -1089,42 +1089,44 @@ class LinearSVMModel:
 
     def _slope_shift_maps(self) -> list:
         """For each term with slopes, the ``p x q`` matrix M with ``X M = Z`` (X the fixed effects'
-        columns, Z the term's), or None where some column of Z is not an affine function of one
-        fixed-effect column (e.g. ``(1 + x | g)`` without a fixed effect of x): column r of Z is
-        matched to the intercept if constant, else to the one column of X that is an exact affine
-        function of it (the standardized copy of the same predictor). Matching single columns
-        (not a least-squares fit on all of X) keeps imputed columns out of M: the slope columns
-        are observed, so no filled-in column equals one of them."""
-        X = self.Cd[:, : self.p]
-        if X.shape[0] == 0:  # a skeleton without rows (the Dask backend's)
+        columns, Z the term's), or None where some column of Z has no fixed-effect counterpart
+        (e.g. ``(1 + x | g)`` without a fixed effect of x; :meth:`_fixed_effect_column`)."""
+        if self.Cd.shape[0] == 0 or self.intercept is None:  # a skeleton without rows (the Dask backend's)
             return [None] * len(self._slope_terms)
         maps = []
         for _, _, Z, _ in self._slope_terms:
-            M = np.zeros((self.p, Z.shape[1]))
-            for r, z in enumerate(Z.T):
-                if np.ptp(z) == 0.0:
-                    if self.intercept is None:
-                        break
-                    M[self.intercept, r] = z[0] / X[0, self.intercept]
-                    continue
-                for j in range(self.p):
-                    x = X[:, j]
-                    if self.intercept is None or j == self.intercept or np.ptp(x) == 0.0:
-                        continue
-                    xc = x - x.mean()
-                    slope = float(xc @ z) / float(xc @ xc)
-                    offset = z.mean() - slope * x.mean()
-                    if np.allclose(offset + slope * x, z, rtol=0.0, atol=1e-9 * max(1.0, np.abs(z).max())):
-                        M[j, r] = slope
-                        M[self.intercept, r] = offset / X[0, self.intercept]
-                        break
-                else:
-                    break
-            else:
-                maps.append(M)
+            columns = [self._fixed_effect_column(z) for z in Z.T]
+            if any(col is None for col in columns):
+                maps.append(None)
                 continue
-            maps.append(None)
+            M = np.zeros((self.p, Z.shape[1]))
+            for r, (j, slope, offset) in enumerate(columns):
+                M[self.intercept, r] = offset
+                if j is not None:
+                    M[j, r] = slope
+            maps.append(M)
         return maps
+
+    def _fixed_effect_column(self, z):
+        """``(j, slope, offset)`` with ``z = slope X_j + offset X_intercept`` for the one
+        fixed-effect column j that is an exact affine function of ``z`` (the standardized copy of
+        the same predictor; ``j`` None for a constant z), or None. Matching single columns (not a
+        least-squares fit on all of X) keeps imputed columns out of the map: the slope columns
+        are observed, so no filled-in column equals one of them."""
+        X = self.Cd[:, : self.p]
+        one = X[0, self.intercept]
+        if np.ptp(z) == 0.0:
+            return None, 0.0, z[0] / one
+        for j in range(self.p):
+            x = X[:, j]
+            if j == self.intercept or np.ptp(x) == 0.0:
+                continue
+            xc = x - x.mean()
+            slope = float(xc @ z) / float(xc @ xc)
+            offset = z.mean() - slope * x.mean()
+            if np.allclose(offset + slope * x, z, rtol=0.0, atol=1e-9 * max(1.0, np.abs(z).max())):
+                return j, slope, offset / one
+        return None
 
     def _rescale_everything(self, theta, f, sigma2, covariances, rng):
         """Update of the common scale of every coefficient, variance and covariance on the marginal
