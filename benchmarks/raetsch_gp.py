@@ -14,8 +14,9 @@ table shows CPU seconds), for
 * ``svi_opt``: the same with the hyperparameters learned by the ELBO (optimize=True, Section 4.3);
 * ``vb``   : vbsvm.gpsvm(method="vb", optimize=False) — the full GP (m = n) with the same fixed
              hyperparameters as ``svi`` (the reference), only where n_train <= --vb-max;
-* ``svc``  : scikit-learn SVC(kernel="rbf", gamma="scale", C=1, probability=True) (Platt scaling
-             with libsvm's internal 5-fold CV);
+* ``svc``  : scikit-learn SVC(kernel="rbf", gamma="scale", C=1) with Platt scaling on 5-fold
+             cross-validated decision values (``CalibratedClassifierCV(..., ensemble=False)``, what
+             ``SVC(probability=True)`` did before its deprecation);
 
 next to the paper's S-BSVM and SVM+Platt numbers.  Writes benchmarks/results/raetsch_gp.json.
 
@@ -87,6 +88,7 @@ def run_gp(df, tr, te, method, name, batch, seed):
 
 
 def run_svc(df, tr, te, seed):
+    from sklearn.calibration import CalibratedClassifierCV
     from sklearn.svm import SVC
 
     Xtr = df.iloc[tr].drop(columns="y").to_numpy(float)
@@ -94,10 +96,14 @@ def run_svc(df, tr, te, seed):
     Xte = df.iloc[te].drop(columns="y").to_numpy(float)
     y = df.iloc[te]["y"].to_numpy()
     t0, c0 = time.perf_counter(), time.process_time()
-    clf = SVC(kernel="rbf", gamma="scale", C=1.0, probability=True, random_state=seed).fit(Xtr, ytr)
+    # Platt scaling as SVC(probability=True) did (deprecated in scikit-learn 1.9, removed in 1.11):
+    # a sigmoid fitted to 5-fold cross-validated decision values, applied to the SVM fitted on all
+    # the training rows (ensemble=False); the classes are that SVM's (sign of its decision value)
+    clf = CalibratedClassifierCV(SVC(kernel="rbf", gamma="scale", C=1.0, random_state=seed), method="sigmoid",
+                                 cv=5, ensemble=False).fit(Xtr, ytr)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     p = clf.predict_proba(Xte)[:, list(clf.classes_).index(1)]
-    pred = clf.predict(Xte)
+    pred = clf.calibrated_classifiers_[0].estimator.predict(Xte)
     return dict(error=float(np.mean(pred != y)), brier=float(np.mean((p - (y > 0)) ** 2)), time=secs,
                 cpu=cpu)
 
