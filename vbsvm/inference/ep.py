@@ -97,7 +97,8 @@ from .threads import limit_blas
 
 __all__ = ["tilted_moments", "tilted_log_normalizer", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
            "integrate_variances", "corrected_marginals", "local_intercept_marginals", "fit_calibrated",
-           "sample_grid", "inverse_gamma_match", "log_site_corrections", "log_cholesky_prior", "ccd_rule"]
+           "sample_grid", "inverse_gamma_match", "log_site_corrections", "log_site_ratios", "score_covariances",
+           "log_cholesky_prior", "ccd_rule"]
 
 LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
 
@@ -1123,22 +1124,38 @@ def corrected_marginals(fit, model, L, z=None):
     return np.where(flat, mu, mu + sd * zm), np.where(flat, 0.0, sd * zs)
 
 
+def score_covariances(fit, model, L, SL=None):
+    """``Cov_q(f_i, l_k^T theta_dense)`` for every row i and combination k, an array (n, k)
+    (``SL``: ``Cov_q(theta_dense) @ L.T`` if the caller has it)."""
+    post = fit.post
+    Kmat = model.Cd @ (post.cov_dense() @ L.T if SL is None else SL)
+    if model.m_sparse:  # + z_i' Cov(b_{g(i)}, x): the level's block of the eliminated term
+        R = (post.cov_dense_sparse().T @ L.T).reshape(model.m_sparse, model.q_sparse, -1)
+        Kmat += np.einsum("ij,ijk->ik", model.Zs, R[model.codes])
+    return Kmat
+
+
+def log_site_ratios(fit, model, a, b):
+    r"""``log E[t_i(f) / \tilde t_i(f)]`` for ``f ~ N(a, b)`` (``a`` (n, G); ``b`` (n, 1), at most the
+    EP variance of ``f_i``): the closed form of :func:`corrected_marginals`, per row and point."""
+    n = model.n
+    tp, tn = fit.site_prec[:n, None], fit.site_shift[:n, None]
+    one = 1.0 - tp * b
+    log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp - 2 * a * tn + tn ** 2 * b) / one
+    with np.errstate(all="ignore"):
+        log_z = tilted_log_normalizer(model.y[:, None], (a - b * tn) / one, np.maximum(b / one, 1e-300))
+    return log_k + log_z
+
+
 def log_site_corrections(fit, model, L, X):
     r"""``log prod_i E_{q(f_i | x)}[t_i(f_i) / \tilde t_i(f_i)]`` (the factorized correction of
     :func:`corrected_marginals`) for each combination ``x = l_k^T theta_dense`` at the points
     ``X[k]``, an array (k, G); 0 where the combination has no variance under q."""
-    post = fit.post
-    SL = post.cov_dense() @ L.T  # (qd, k)
-    Kmat = model.Cd @ SL  # k_i for every row and combination
-    if model.m_sparse:  # + z_i' Cov(b_{g(i)}, x): the level's block of the eliminated term
-        R = (post.cov_dense_sparse().T @ L.T).reshape(model.m_sparse, model.q_sparse, -1)
-        Kmat += np.einsum("ij,ijk->ik", model.Zs, R[model.codes])
-    mf, vf = post.linear_predictor()
-    n = model.n
-    tp, tn = fit.site_prec[:n, None], fit.site_shift[:n, None]
+    SL = fit.post.cov_dense() @ L.T  # (qd, k)
+    Kmat = score_covariances(fit, model, L, SL)  # k_i for every row and combination
+    mf, vf = fit.post.linear_predictor()
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jk->k", L, SL)
-    y = model.y[:, None]
     out = np.zeros(X.shape)
     for k in range(len(L)):  # over combinations (coefficients), vectorized over rows and points
         if not svar[k] > 0:
@@ -1146,13 +1163,7 @@ def log_site_corrections(fit, model, L, X):
         kk = Kmat[:, k]
         b = np.maximum(vf - kk * kk / svar[k], 0.0)[:, None]
         a = mf[:, None] + (kk / svar[k])[:, None] * (X[k] - mu[k])[None, :]
-        one = 1.0 - tp * b
-        log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp - 2 * a * tn + tn ** 2 * b) / one
-        bp = np.maximum(b / one, 1e-300)
-        ap = (a - b * tn) / one
-        with np.errstate(all="ignore"):
-            log_z = tilted_log_normalizer(y, ap, bp)
-        out[k] = (log_k + log_z).sum(0)
+        out[k] = log_site_ratios(fit, model, a, b).sum(0)
     return out
 
 
