@@ -7,7 +7,9 @@ acceptance points).
    is within 0.2 of Gibbs' (issue #12's bar: 90%).
 2. breast_cancer (scikit-learn, 569 x 30, rho = 0.01): the same against Gibbs 8 x 40000 sweeps
    (every 2nd kept) after 2000; and issue #17's bar at 4 x 2000 after the default tuning over
-   seeds 1-40 (max R-hat of the indicators with a posterior mean in (0.01, 0.99)).
+   seeds 1-40 (max R-hat of the indicators with a posterior mean in (0.01, 0.99)); and shorter
+   Gibbs runs against that reference, for the cost of Gibbs reaching the calibrated fit's agreement
+   (:func:`breast_cancer_gibbs_lengths`).
 3. Simulated sparse truth (n = 500, p = 50, 5 non-zero, ``expected_size=5``), independent and
    Toeplitz(0.5)-correlated predictors: AUC of p_include for the true predictors and false
    positives (p_include > 0.5) over 20 replicates, calibrated VB, mean field and Gibbs.
@@ -198,6 +200,38 @@ def breast_cancer_defaults(args, out):
                                      "note": "the default tune=2000 was chosen on seeds 1-20; seeds 21-40 are held out"}
 
 
+def breast_cancer_gibbs_lengths(args, out):
+    """Issue #12's cost bar ("faster than Gibbs reaching the same accuracy"): Gibbs at the defaults
+    but shorter, 4 chains x (L tuning + L kept) sweeps in one process, seeds 1-3, against the
+    long reference of part 2 (this run's, or the stored one): the share of terms within 0.2 of
+    it and the mean absolute difference, with the CPU seconds of each run."""
+    if "breast_cancer" in out:
+        table = out["breast_cancer"]["table"]
+    else:
+        table = json.loads((RESULTS / "spam_selection.json").read_text())["breast_cancer"]["table"]
+    ref = pd.Series({k: v["p_gibbs"] for k, v in table.items()})
+    data = breast_cancer_frame()
+    rows = []
+    for length in ((250, 500, 1000, 2000) if not args.quick else (100,)):
+        for seed in (1, 2, 3):
+            c0 = time.process_time()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fit = vbsvm.svm("y ~ .", data, prior=LaplaceZero(rho=0.01), method="gibbs", seed=seed, chains=4,
+                                tune=length, draws=length, max_draws=length, n_jobs=1, progress=False)
+            cpu = time.process_time() - c0
+            d = (fit.inclusion()["p_include"].reindex(ref.index) - ref).abs()
+            rows.append({"tune": length, "draws": length, "seed": seed, "cpu_seconds": cpu,
+                         "share_within_0.2": float((d <= 0.2).mean()), "mean_abs_diff": float(d.mean()),
+                         "max_abs_diff": float(d.max())})
+            print(f"breast_cancer Gibbs 4 x ({length} + {length}), seed {seed}: {cpu:.1f} CPU s, "
+                  f"{rows[-1]['share_within_0.2']:.0%} of terms within 0.2 of the reference, mean |diff| "
+                  f"{rows[-1]['mean_abs_diff']:.3f}")
+    out["breast_cancer_gibbs_lengths"] = {
+        "setting": "LaplaceZero(rho=0.01), chains=4, tune=draws=L, n_jobs=1 (CPU seconds of the process), seeds 1-3; "
+                   "against the breast_cancer reference (part 2)", "runs": rows}
+
+
 #: breast_cancer columns made 10% missing (completely at random, generator seed 11) for the
 #: imputation-with-selection part: members of the correlated groups that take turns in the model
 IMPUTED_COLUMNS = ("mean_radius", "worst_concavity", "mean_concave_points")
@@ -303,7 +337,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["spam", "breast", "breast_defaults", "breast_imputed", "auc", "esl"])
+                    choices=["spam", "breast", "breast_lengths", "breast_defaults", "breast_imputed", "auc", "esl"])
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
@@ -314,6 +348,8 @@ def main():
         spam_full(spam, args, out)
     if "breast" not in args.skip:
         breast_cancer(args, out)
+    if "breast_lengths" not in args.skip:
+        breast_cancer_gibbs_lengths(args, out)
     if "breast_defaults" not in args.skip:
         breast_cancer_defaults(args, out)
     if "breast_imputed" not in args.skip:

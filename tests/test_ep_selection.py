@@ -248,9 +248,9 @@ def test_pair_corrected_inclusion_is_exact_with_two_coefficients(seed, effects, 
     sigma_u, here against the trapezoid rule on an 801^2 grid. On 41 points an axis (step 0.5 cavity
     sd) it is within 0.0013 of the exact P(gamma = 1) on these data; the single-term correction,
     which keeps the partner at its Gaussian site, is 0.06-0.08 off on the first three. In the last
-    (no effect) both terms are out with probability 0.4, which checks that part's normalizer. (On the package's 15 points,
-    step 1.14, the hinge's kinks, which q(f_i | u) smooths when other coefficients are in the
-    model, put it up to 0.036 off in such two-coefficient cases.)"""
+    (no effect) both terms are out with probability 0.4, which checks that part's normalizer.
+    (On the package's 15 points, step 1.14, the hinge's kinks, which q(f_i | u) smooths when
+    other coefficients are in the model, put it up to 0.036 off in such two-coefficient cases.)"""
     rng = np.random.default_rng(seed)
     n = 40
     x = rng.multivariate_normal(np.zeros(2), [[1, corr], [corr, 1]], size=n)

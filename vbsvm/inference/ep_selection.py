@@ -55,10 +55,10 @@ are corrected with the exact hinge factors along each coefficient, with the exac
 term and of its most correlated partner (:func:`pair_corrected_inclusion`; of the term alone,
 :func:`corrected_inclusion`, where that would cost more than
 :data:`PAIR_CORRECT_MAX_EVALUATIONS` row factors), and the change (of the logit and of the
-slab's mean and variance) is carried to the other points. Over the grid they are mixed by the grid weights. The fit stores them in the
-spike-and-slab form of the mean-field fit: the slab as a Gaussian with those moments and with
-the correlations of the EP Gaussian (:class:`~vbsvm.posterior.SpikeSlabApproximation` reads
-both the same way).
+slab's mean and variance) is carried to the other points. Over the grid they are mixed by the
+grid weights. The fit stores them in the spike-and-slab form of the mean-field fit: the slab as
+a Gaussian with those moments and with the correlations of the EP Gaussian
+(:class:`~vbsvm.posterior.SpikeSlabApproximation` reads both the same way).
 
 Measured against Gibbs (``benchmarks/spam_selection.py``): see the README, section "VB against
 MCMC".
@@ -347,7 +347,8 @@ def pair_corrected_inclusion(fit, model, prior, z=PAIR_Z):
     :func:`vbsvm.inference.ep.log_site_ratios`). Its four parts, both terms out, one in, both in,
     are integrated on ``z`` (cavity sds, along the cavity's Cholesky axes in the plane); the
     inclusion probability of :math:`k` is the mass of the two parts with :math:`u_k \ne 0`, and
-    the slab's moments are those of :math:`u_k` there. With two selectable coefficients and
+    the slab's moments are those of :math:`u_k` there (when :math:`k` is :math:`j`'s most
+    correlated partner too, the same integral gives :math:`j`'s). With two selectable coefficients and
     nothing else in the model, :math:`q(f_i \mid u)` is a point mass and this is the exact
     posterior at ``sigma_u`` (tested by quadrature). On breast_cancer (rho = 0.01) it took the
     share of terms within 0.2 of Gibbs' inclusion probability from 87% to 90% (in a scratch
