@@ -270,6 +270,26 @@ def test_pair_corrected_inclusion_is_exact_with_two_coefficients(seed, effects, 
     assert (np.max(np.abs(single - exact[:, 0])) > 0.05) == single_off  # the case needs the partner exact
 
 
+def test_pair_correction_falls_back_where_the_pair_cavity_is_improper(small):
+    """Where a pair's cavity precision is not positive definite (here: a prior site's precision
+    raised above the EP precision of its coordinate), the term keeps its single-term correction
+    and the others their pairwise one; nothing is NaN."""
+    base = small.base
+    sites = SpikeSlabSites(small.sel, small.log_rho, small.log_1mrho, 0.9)
+    res = ep.expectation_propagation(base, base.prior_precision(np.array([1.0 / 0.81])), prior=sites, tol=1e-10,
+                                     max_sweeps=20000)
+    pair = pair_corrected_inclusion(res, base, sites)
+    single = corrected_inclusion(res, base, sites)
+    broken = ep.EPResult(res.post, res.site_prec.copy(), res.site_shift, res.log_z, res.converged, res.n_sweeps)
+    broken.tilted, broken.prior_cavity = res.tilted, res.prior_cavity
+    broken.site_prec[base.n:] = 1e6  # every pair's cavity precision negative
+    fallback = pair_corrected_inclusion(broken, base, sites)
+    for got, want in zip(fallback, corrected_inclusion(broken, base, sites)):
+        assert np.all(np.isfinite(got))
+        np.testing.assert_allclose(got, want)
+    assert not np.allclose(pair[0], single[0], atol=1e-3)  # the pairs do change something here
+
+
 def test_pair_correction_runs_within_its_budget_only(small, monkeypatch):
     """The fit runs the pairwise correction while n x terms x |PAIR_Z|^2 is within the budget, the
     single-term one beyond it, and says which in its info."""

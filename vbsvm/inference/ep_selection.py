@@ -400,16 +400,28 @@ def pair_corrected_inclusion(fit, model, prior, z=PAIR_Z):
     slab_var = np.empty(m)
     part = np.repeat(np.arange(4), [1, G, G, G * G])  # of each point: both out, k in, j in, both in
     done = np.zeros(m, dtype=bool)
+    single = None
     for k in range(m):
         if done[k]:
             continue
         pair = np.array([k, partner[k]])
-        S = R[np.ix_(pair, pair)]
-        Sinv = np.linalg.inv(S)
-        cav_prec = Sinv - np.diag(tau[pair])
-        cav_cov = np.linalg.inv(cav_prec)
-        c = cav_cov @ (Sinv @ mu[pair] - nu[pair])
-        chol = np.linalg.cholesky(cav_cov)
+        try:  # the pair's cavity; where it is no proper Gaussian the term keeps the single-term correction
+            if pair[1] == k:
+                raise np.linalg.LinAlgError("no partner")
+            S = R[np.ix_(pair, pair)]
+            Sinv = np.linalg.inv(S)
+            cav_prec = Sinv - np.diag(tau[pair])
+            cav_cov = np.linalg.inv(cav_prec)
+            c = cav_cov @ (Sinv @ mu[pair] - nu[pair])
+            chol = np.linalg.cholesky(cav_cov)
+            if not np.all(np.isfinite(c)):
+                raise np.linalg.LinAlgError("cavity mean not finite")
+        except np.linalg.LinAlgError:
+            if single is None:
+                single = corrected_inclusion(fit, model, prior)
+            p[k], slab_mean[k], slab_var[k] = (x[k] for x in single)
+            done[k] = True
+            continue
         U, log_w = [np.zeros((1, 2))], []
         log_w.append(2 * prior.log_1mrho - 0.5 * c @ cav_prec @ c - LOG_2PI - np.sum(np.log(np.diag(chol))))
         for axis in (0, 1):
