@@ -46,9 +46,9 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm  # noqa: E402
-from vbsvm.design import build_design  # noqa: E402
-from vbsvm.exceptions import DiagnosticWarning  # noqa: E402
-from vbsvm.models.missing import ImputedSVMModel, imputation_columns  # noqa: E402
+from vbsvm.formula.design import build_design
+from vbsvm.exceptions import DiagnosticWarning
+from vbsvm.models.missing import ImputedSVMModel, imputation_columns
 
 from benchmarks.imputation_simulation import proper_imputations  # noqa: E402
 

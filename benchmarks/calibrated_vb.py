@@ -48,11 +48,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import vbsvm  # noqa: E402
-from vbsvm.design import build_design  # noqa: E402
-from vbsvm.inference.ep import fit_calibrated, integrate_variances, log_prior_eta  # noqa: E402
-from vbsvm.inference.threads import limit_blas  # noqa: E402
-from vbsvm.models import hinge  # noqa: E402
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel  # noqa: E402
+from vbsvm.formula.design import build_design
+from vbsvm.inference.ep import fit_calibrated, integrate_variances, log_prior_eta
+from vbsvm.inference.threads import limit_blas
+from vbsvm.models import hinge
+from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
 
 PROBLEMS = {
     "toenail": ("y ~ time * terbinafine + (1 | patient_id)", lambda: vbsvm.datasets.load("toenail"), None),
@@ -183,7 +183,7 @@ def run_meanfield(name, lr=False):
                         method="meanfield")
         coef = fit.coef
         if lr:
-            coef = coef.assign(sd_lr=vbsvm.linear_response(fit).sd.to_numpy()[: len(coef)])
+            coef = coef.assign(sd_lr=vbsvm.posterior.linear_response(fit).sd.to_numpy()[: len(coef)])
     vc = fit.varcomp()
     vc = vc.loc[[i for i in vc.index if i.startswith("sigma2")]]
     return {"mean": coef["mean"].to_numpy(), "sd": (coef["sd_lr"] if lr else coef["sd"]).to_numpy(),

@@ -19,7 +19,7 @@ The NUTS target is the *marginal* pseudo-posterior, with no data augmentation::
 
     log p(theta, sigma2 | y) = -2 sum_i max(0, 1 - y_i f_i) + log prior,   f = X beta + sum_g u_g[code_i]
 
-on the standardized design the package builds (:func:`vbsvm.design.build_design`), with the package's
+on the standardized design the package builds (:func:`vbsvm.formula.design.build_design`), with the package's
 priors: unpenalized columns (the intercept; every column with ``penalty=None``) ``N(0, sigma2_beta = 1e8)``;
 with ``penalty="auto"`` the other columns ``N(0, sigma2_u)``, ``sigma2_u ~ IG(0.01, 0.01)``; each
 ``(1 | g)`` term ``u_l ~ N(0, sigma2_g)``, ``sigma2_g ~ IG(0.01, 0.01)``. As a careful NUTS user would
@@ -85,7 +85,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import vbsvm  # noqa: E402
-from vbsvm.design import build_design  # noqa: E402
+from vbsvm.formula.design import build_design
 
 RESULTS = HERE / "results"
 TOENAIL = "y ~ time * terbinafine + (1 | patient_id)"
@@ -235,7 +235,7 @@ def run_gibbs(problem: Problem, df: pd.DataFrame, *, chains: int, draws: int, tu
 
     Returns
     -------
-    fit : vbsvm.results.Fit
+    fit : vbsvm.results.fit.Fit
     table : pandas.DataFrame
         ``fit.diagnostics()`` (r_hat, ess_bulk, mcse_mean) with the posterior means added.
     seconds : float
@@ -319,7 +319,7 @@ def run_nuts(problem: Problem, design, *, chains: int, draws: int, tune: int, se
     Parameters
     ----------
     problem : Problem
-    design : vbsvm.design.Design
+    design : vbsvm.formula.design.Design
         ``build_design(problem.formula, data)``: the standardized design the package fits.
     chains, draws, tune, seed : int
     centred : bool

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm.datasets as D  # noqa: E402
-from vbsvm.gpfit import fit_gp, gpsvm  # noqa: E402
+from vbsvm.fitting.gp import fit_gp, gpsvm
 
 try:
     from threadpoolctl import threadpool_limits

@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vbsvm.gpfit import fit_gp  # noqa: E402
+from vbsvm.fitting.gp import fit_gp
 
 D = 18
 

@@ -56,8 +56,8 @@ from scipy.linalg import solve_triangular
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm  # noqa: E402
-from vbsvm.exceptions import DiagnosticWarning  # noqa: E402
-from vbsvm.inference import pooled as pooled_module  # noqa: E402
+from vbsvm.exceptions import DiagnosticWarning
+from vbsvm.inference import pooled as pooled_module
 
 DEFAULT_COMPLETIONS = pooled_module.VB_COMPLETIONS
 

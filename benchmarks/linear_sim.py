@@ -45,7 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 import vbsvm  # noqa: E402
-from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning  # noqa: E402
+from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
 
 NS = (100, 200, 500)
 DS = (10, 50, 100)

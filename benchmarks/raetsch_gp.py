@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import vbsvm.datasets as D  # noqa: E402
-from vbsvm.gpfit import gpsvm  # noqa: E402
+from vbsvm.fitting.gp import gpsvm
 
 try:
     from threadpoolctl import threadpool_limits

@@ -46,7 +46,7 @@ import pandas as pd
 import xarray as xr
 
 import vbsvm
-from vbsvm.priors import LaplaceZero
+from vbsvm.models.priors import LaplaceZero
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

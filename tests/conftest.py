@@ -31,7 +31,7 @@ SUITE_CUT_SVM_SWEEPS = 1
 @pytest.fixture(scope="session", autouse=True)
 def _gibbs_runs_as_asked():
     # session scope: module-scoped fixtures that fit models run with it too
-    import vbsvm.fitting as fitting
+    import vbsvm.fitting.builders as fitting
     import vbsvm.inference.gibbs as gibbs
 
     with pytest.MonkeyPatch.context() as patch:
@@ -62,9 +62,9 @@ def one_blas_thread():
 @pytest.fixture
 def block_phases(monkeypatch):
     """The phase of the linear sampler's block tuner
-    (:class:`vbsvm.inference.block_tuner.BlockTuner`) in every chain at the end of tuning (a list;
+    (:class:`vbsvm.mcmc.block_tuner.BlockTuner`) in every chain at the end of tuning (a list;
     its ``surrogates`` attribute: the HMC trajectory surrogate each chain kept)."""
-    from vbsvm.inference.block_tuner import BlockTuner
+    from vbsvm.mcmc.block_tuner import BlockTuner
 
     class Seen(list):
         surrogates: list

@@ -9,9 +9,9 @@ import warnings
 import numpy as np
 
 import vbsvm
-from vbsvm.inference.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, SURROGATE_SD, BlockTuner
+from vbsvm.mcmc.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, SURROGATE_SD, BlockTuner
 from vbsvm.models import linear
-import test_reliability_exact as exact
+from support import exact
 
 
 def _run(tuner, tune, imh_rate, hmc_prob, seed=0):
@@ -137,7 +137,7 @@ def test_exact_posterior_with_principal_axis_slices(block_phases, monkeypatch):
     """With neither move kept at the end of tuning the fixed effects move by slice sampling along
     the principal axes of their tuning draws; the draws match the quadrature marginals."""
     monkeypatch.setattr(linear.LinearSVMModel, "block_min_accept", 2.0)
-    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.DROPPED for ph in block_phases), block_phases
 
 

@@ -17,17 +17,17 @@ import numpy as np
 import pytest
 
 import vbsvm
-from vbsvm.api import _settings
-from vbsvm.design import build_design
+from vbsvm.fitting.svm import _settings
+from vbsvm.formula.design import build_design
 from vbsvm.exceptions import InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel, fixed_effect_precision, random_effect_terms
-from vbsvm.fitting import fit_imputed
+from vbsvm.fitting.builders import fit_imputed
 from vbsvm.models.missing import CutImputedSVMModel, imputation_spec
 from vbsvm.models.selection import LaplaceZeroModel
-from vbsvm.selection_fit import ImputedSelectionFit
+from vbsvm.results.selection import ImputedSelectionFit
 
-from test_random_slopes import slope_frame
+from support.frames import slope_frame
 
 GIBBS = dict(method="gibbs", draws=400, tune=300, chains=2, progress=False)
 FORMULA = "y ~ x + z + (1 + x | g)"

@@ -1,4 +1,4 @@
-"""Fits from Dask DataFrames (vbsvm.dask_backend): equal to the in-memory fits, lazily predicted,
+"""Fits from Dask DataFrames (vbsvm.fitting.dask): equal to the in-memory fits, lazily predicted,
 and clear refusals for what is not map-reduced."""
 
 import numpy as np
@@ -9,7 +9,7 @@ dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
 import vbsvm  # noqa: E402
-from vbsvm.exceptions import InputError  # noqa: E402
+from vbsvm.exceptions import InputError
 
 N = 2500
 
@@ -51,9 +51,9 @@ CASES = [
 # one partition, and several of unequal size (7 over 2500 rows; 2 partitions tested nothing that 7 do not)
 @pytest.mark.parametrize("npartitions", [1, 7])
 def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions, monkeypatch):
-    from vbsvm import dask_backend
+    from vbsvm.fitting import dask as dask_fit
 
-    monkeypatch.setattr(dask_backend, "BLOCK_BYTES", 1)  # a block per partition
+    monkeypatch.setattr(dask_fit, "BLOCK_BYTES", 1)  # a block per partition
     ref = vbsvm.svm(formula, frame, method="meanfield", penalty=penalty)
     data = dd.from_pandas(frame, npartitions=npartitions)
     fit = vbsvm.svm(formula, data, method="meanfield", penalty=penalty)
@@ -183,7 +183,7 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
     import dask
     import tempfile
 
-    from vbsvm import dask_backend
+    from vbsvm.fitting import dask as dask_fit
 
     made, original = [], tempfile.mkdtemp
 
@@ -191,13 +191,13 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
         made.append(original(**kw))
         return made[-1]
 
-    monkeypatch.setattr(dask_backend.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(dask_fit.tempfile, "mkdtemp", mkdtemp)
     df = frame.copy()
     df.loc[df.index[::53], "x3"] = np.nan
     before = df.copy()
     formula = "y ~ x1 + x2 + x3 + C(sex) + (1 + x1 | site)"
     ref = vbsvm.svm(formula, df, method="meanfield")
-    monkeypatch.setattr(dask_backend, "BLOCK_BYTES", 400_000)  # two partitions a block
+    monkeypatch.setattr(dask_fit, "BLOCK_BYTES", 400_000)  # two partitions a block
     with dask.config.set({"temporary-directory": str(tmp_path)}):
         fit = vbsvm.svm(formula, dd.from_pandas(df, npartitions=4), method="meanfield", persist=False)
     assert not fit.info["persisted"] and fit.n_obs == ref.n_obs and 2 <= fit.info["blocks"] < 4
@@ -212,14 +212,14 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
 
 
 def _block_spec(frame, formula):
-    from vbsvm import dask_backend
-    from vbsvm.api import _settings
+    from vbsvm.sources import dask_frames
+    from vbsvm.fitting.svm import _settings
 
     settings = _settings(formula, method="meanfield", penalty="auto", missing="drop", standardize=True, draws=1,
                          tune=1, chains=1, thin=1, seed=None, tol=1e-8, max_iter=10, accelerate=True,
                          sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1)
-    design = dask_backend.learn_design(formula, dd.from_pandas(frame, npartitions=1))
-    return dask_backend._DesignSpec(design, settings)
+    design = dask_frames.learn_design(formula, dd.from_pandas(frame, npartitions=1))
+    return dask_frames.DesignSpec(design, settings)
 
 
 def test_spilled_block_is_the_resident_block(frame, tmp_path):
@@ -227,26 +227,26 @@ def test_spilled_block_is_the_resident_block(frame, tmp_path):
     and keeps at most CHI_KEPT remembered arrays on disk."""
     import time
 
-    from vbsvm import dask_backend
+    from vbsvm.sources import dask_blocks
 
     frame = pd.concat([frame] * 4, ignore_index=True)  # a design above SMALL_BUFFER: written to a file
     spec = _block_spec(frame, "y ~ x1 + x2 + (1 | site)")
     halves = [frame.iloc[:4000], frame.iloc[4000:]]
-    resident = dask_backend._task_coalesce(None, *[dask_backend._task_part(h, spec, None) for h in halves])
-    spilled = dask_backend._task_coalesce(str(tmp_path / "b"), *[
-        dask_backend._task_part(h, spec, str(tmp_path / f"p{k}")) for k, h in enumerate(halves)])
+    resident = dask_blocks._task_coalesce(None, *[dask_blocks.task_part(h, spec, None) for h in halves])
+    spilled = dask_blocks._task_coalesce(str(tmp_path / "b"), *[
+        dask_blocks.task_part(h, spec, str(tmp_path / f"p{k}")) for k, h in enumerate(halves)])
     assert resident.n == spilled.n == len(frame)
     for (rows_a, a), (rows_b, b) in zip(resident.models(), spilled.models()):
         assert rows_a == rows_b
         for name in ("Cd", "y", "codes", "Zs"):
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
         assert not b.Cd.flags.writeable and b.Cd.flags.f_contiguous
-    for key in range(dask_backend.CHI_KEPT + 3):
+    for key in range(dask_blocks.CHI_KEPT + 3):
         spilled.remember(key, np.full(spilled.n, float(key)))
         time.sleep(0.02)  # the order of use is the files' modification times
     kept = sorted(p.name for p in (tmp_path / "b").glob("kept_*.npy"))
-    assert len(kept) == dask_backend.CHI_KEPT
-    assert spilled.recall(0) is None and spilled.recall(dask_backend.CHI_KEPT + 2)[0] == dask_backend.CHI_KEPT + 2
+    assert len(kept) == dask_blocks.CHI_KEPT
+    assert spilled.recall(0) is None and spilled.recall(dask_blocks.CHI_KEPT + 2)[0] == dask_blocks.CHI_KEPT + 2
 
 
 @pytest.mark.parametrize("persist", [True, False])
@@ -273,24 +273,25 @@ def test_pass_memory_does_not_grow_with_the_block(frame):
     not arrays of the design's size, however many rows its block has."""
     import tracemalloc
 
-    from vbsvm import dask_backend
+    from vbsvm.sources import dask_blocks
+    from vbsvm.fitting import dask as dask_fit
 
     big = pd.concat([frame] * 160, ignore_index=True)  # 400,000 rows
     formula = "y ~ x1 + x2 + x3 + x4 + C(sex)"
     spec = _block_spec(big, formula)
-    parts = [dask_backend._task_part(big.iloc[s:s + 50_000], spec, None) for s in range(0, len(big), 50_000)]
-    block = dask_backend._task_coalesce(None, *parts)
-    model = dask_backend.DaskLinearModel([], spec.design, spec.settings)
+    parts = [dask_blocks.task_part(big.iloc[s:s + 50_000], spec, None) for s in range(0, len(big), 50_000)]
+    block = dask_blocks._task_coalesce(None, *parts)
+    model = dask_fit.DaskLinearModel([], spec.design, spec.settings)
     glob = model.skeleton.vb_initial_state()
     _, Bq, q_cov = model.skeleton._unpack_state(glob)
-    gram = dask_backend._task_gram(block, ("zero",))
-    post = model.skeleton.vb_update(Bq, q_cov, gram=dask_backend._Gram(*gram))["theta"]
+    gram = dask_blocks.task_gram(block, ("zero",))
+    post = model.skeleton.vb_update(Bq, q_cov, gram=dask_blocks.Gram(*gram))["theta"]
     design_bytes = sum(p.Cd.nbytes for p in parts)
     tracemalloc.start()
-    dask_backend._task_sweep(block, post, 0, None)
-    dask_backend._task_gram(block, ("sub", ("post", post, 0), ("zero",)))
+    dask_blocks.task_sweep(block, post, 0, None)
+    dask_blocks.task_gram(block, ("sub", ("post", post, 0), ("zero",)))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    scratch = dask_backend._Rows(spec.design.p)
+    scratch = dask_blocks._Rows(spec.design.p)
     scratch_bytes = scratch.V.nbytes + scratch.S.nbytes + scratch.vec.nbytes
     assert peak < 2 * 8 * block.n + scratch_bytes + 2 ** 19 < design_bytes / 2

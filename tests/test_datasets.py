@@ -18,19 +18,9 @@ import pandas as pd
 import pytest
 
 from vbsvm import datasets
-from vbsvm.datasets import (
-    DataFormatError,
-    DataNotFoundError,
-    UnknownDatasetError,
-    available,
-    load,
-    loaders,
-    simulate_grouped,
-    simulate_mcar,
-    simulate_luts,
-    simulate_sparse,
-    snake_case,
-)
+from vbsvm.datasets import (DataFormatError, DataNotFoundError, UnknownDatasetError, available, load,
+                            loaders, simulate_grouped, simulate_mcar, simulate_luts, simulate_sparse,
+                            snake_case)
 
 ENV = "VBSVM_DATA"
 BUNDLED = loaders._bundled_dir()

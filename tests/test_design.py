@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.exceptions import FormulaError, InputError, InputTypeError
 
 patsy = pytest.importorskip("patsy", reason="patsy is the formula oracle in the 'test' extra")

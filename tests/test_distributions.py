@@ -14,15 +14,8 @@ import scipy.special as sc
 import scipy.stats as st
 
 from vbsvm import distributions as D
-from vbsvm.distributions import (
-    GIG,
-    Bernoulli,
-    Gaussian,
-    InverseGamma,
-    InverseGaussian,
-    InverseWishart,
-    sample_gig_half,
-)
+from vbsvm.distributions import (GIG, Bernoulli, Gaussian, InverseGamma, InverseGaussian, InverseWishart,
+                                 sample_gig_half)
 
 KS_P = 1e-3
 

@@ -480,9 +480,9 @@ def test_separable_data_with_inferred_penalty_stays_finite():
 def test_posterior_dict_drives_the_vb_result_class(tmp_path):
     """What the dispatch will do for method="vb": the dict (minus ``info``) as a Fit's posterior."""
     import vbsvm
-    from vbsvm.api import _settings
-    from vbsvm.design import build_design
-    from vbsvm.results import Fit, ThetaLayout
+    from vbsvm.fitting.svm import _settings
+    from vbsvm.formula.design import build_design
+    from vbsvm.results.fit import Fit, ThetaLayout
 
     df = vbsvm.datasets.simulate_grouped(30, 5, seed=2)
     formula = "y ~ time * treatment + (1 | group)"

@@ -19,10 +19,11 @@ import vbsvm
 from vbsvm.exceptions import ConvergenceWarning
 from vbsvm.inference import ep
 from vbsvm.inference.ep_selection import (SpikeSlabEvidence, SpikeSlabSites, corrected_inclusion,
-                                          fit_calibrated_selection, pair_corrected_inclusion, spike_slab_tilted)
+                                          fit_calibrated_selection, pair_corrected_inclusion,
+                                          spike_slab_tilted)
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.selection import LaplaceZeroModel
-from vbsvm.priors import LaplaceZero
+from vbsvm.models.priors import LaplaceZero
 
 
 def quad_spike_slab(m, v, rho, s):
@@ -158,14 +159,14 @@ def test_log_z_ep_of_one_coefficient_close_to_exact(seed, effect, tol):
 # --------------------------------------------------------------------------- exact one-predictor case
 def _one_predictor_exact(x, y, rho, A, B):
     """P(gamma = 1 | y), P(u > 0 | y), E[u | y] by quadrature over (intercept, u, sigma_u^2)."""
-    from test_selection import _laplace_zero_marginal_prior
+    from support.exact import laplace_zero_marginal_prior
 
     b0 = np.linspace(-4, 4, 321)
     u = np.linspace(-4, 4, 641)
     F = b0[:, None, None] + u[None, :, None] * x[None, None, :]
     L = -2 * np.maximum(0, 1 - y * F).sum(-1)
     L = np.exp(L - L.max()) * stats.norm.pdf(b0, 0, 1e4)[:, None]
-    pu = _laplace_zero_marginal_prior(u, A, B)
+    pu = laplace_zero_marginal_prior(u, A, B)
     Z1 = np.trapezoid(np.trapezoid(L * pu[None, :], u, axis=1), b0)
     Z0 = np.trapezoid(L[:, np.argmin(np.abs(u))], b0)
     den = rho * Z1 + (1 - rho) * Z0

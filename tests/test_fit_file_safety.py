@@ -5,7 +5,7 @@
   ``FitFileError``, writes nothing, and can be reopened for writing right after the failed load.
 * Good files of every fit type load back and predict the same.
 * ``save`` is atomic: an error or a ``kill -9`` during a save over a good file leaves it loadable.
-* The whitelist of :mod:`vbsvm.formula_safety` accepts the formula grammar and refuses code.
+* The whitelist of :mod:`vbsvm.formula.safety` accepts the formula grammar and refuses code.
 """
 
 import base64
@@ -26,7 +26,7 @@ import xarray as xr
 
 import vbsvm
 from vbsvm.exceptions import FitFileError, FormulaError, InputError, InputTypeError
-from vbsvm.formula_safety import MAX_FORMULA_LENGTH, check_formula
+from vbsvm.formula.safety import MAX_FORMULA_LENGTH, check_formula
 
 ROOT = Path(__file__).resolve().parents[1]
 

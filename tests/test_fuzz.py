@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import vbsvm
 from vbsvm import cli
 from vbsvm.exceptions import FitFileError, VbsvmError
-from test_reliability_helpers import fingerprint
+from support.statistics import fingerprint
 
 FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                    st.sampled_from([0.0, 1.0, -1.0, 1e-300, 1e300, -1e300, np.nan, np.inf, 2.5]),
@@ -129,7 +129,7 @@ def run_case(df, newdata, formula, options, operation, kind):
             back.predict(newdata, kind=kind)
         elif operation == "compare":
             other = fit(formula, newdata, dict(options, method="gibbs" if options["method"] != "gibbs" else "vb"))
-            vbsvm.compare(first, other).table()
+            vbsvm.results.compare(first, other).table()
     assert [fingerprint(df), fingerprint(newdata)] == prints, "an input frame was modified"
 
 

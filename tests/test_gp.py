@@ -1,4 +1,4 @@
-"""Tests of the sparse-GP Bayesian SVM (vbsvm.models.gp, vbsvm.inference.svi, vbsvm.gpfit)."""
+"""Tests of the sparse-GP Bayesian SVM (vbsvm.models.gp, vbsvm.inference.svi, vbsvm.fitting.gp)."""
 
 import warnings
 
@@ -7,10 +7,11 @@ import pandas as pd
 import pytest
 from scipy import integrate, stats
 
-from vbsvm.gpfit import GPFit, fit_batch, fit_gp, gibbs_sparse, gpsvm
+from vbsvm.results.gp import GPFit
+from vbsvm.fitting.gp import fit_batch, fit_gp, gibbs_sparse, gpsvm
 from vbsvm.inference.svi import ArrayBatches, fit_svi
-from vbsvm.models.gp import (RBF, Constant, InducingGP, Linear, Matern32, Matern52, Sum,
-                             WhitenedGaussian, make_kernel, predictive_prob, select_inducing)
+from vbsvm.models.gp import (RBF, Constant, InducingGP, Linear, Matern32, Matern52, Sum, WhitenedGaussian,
+                             make_kernel, predictive_prob, select_inducing)
 
 try:
     from threadpoolctl import threadpool_limits
@@ -320,7 +321,7 @@ def test_gibbs_runs_through_run_chains_with_n_jobs_and_diagnostics():
 
 def test_batch_vb_refuses_sizes_it_cannot_fit_and_points_to_svi():
     from vbsvm.exceptions import InputError
-    from vbsvm.gpfit import VB_MAX_INDUCING, VB_MAX_INDUCING_LEARN
+    from vbsvm.fitting.gp import VB_MAX_INDUCING, VB_MAX_INDUCING_LEARN
 
     def data(n):
         X = np.linspace(-1, 1, n)[:, None]

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 from scipy import integrate, stats
 
-from vbsvm.inference import hmc
-from vbsvm.inference import block_tuner
-from vbsvm.inference.block_tuner import BlockTuner
-from vbsvm.inference.hmc import hmc_transition, trajectory_steps, whiten
+from vbsvm.mcmc import hmc
+from vbsvm.mcmc import block_tuner
+from vbsvm.mcmc.block_tuner import BlockTuner
+from vbsvm.mcmc.hmc import hmc_transition, trajectory_steps, whiten
 from vbsvm.models import hinge, linear
-import test_reliability_exact as exact
-from test_reliability_exact import P_MIN
+from support import exact
+from support.exact import P_MIN
 
 
 def _skewed(x):
@@ -162,7 +162,7 @@ def imh_rejects(monkeypatch):
 def test_exact_posterior_with_the_hmc_move_kept(block_phases, imh_rejects):
     """Intercept + penalized slope with the penalty inferred: the block (beta, log sigma2_u) moves
     by HMC after tuning, and the draws match the quadrature marginals."""
-    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
 
 
@@ -171,7 +171,7 @@ def test_exact_check_detects_an_hmc_move_without_the_kinetic_energy(block_phases
     does not keep the posterior: rejected."""
     monkeypatch.setattr(hmc, "kinetic_energy", lambda p: 0.0)
     with pytest.raises(AssertionError):
-        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+        exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
 
 
@@ -227,7 +227,7 @@ def wide_surrogate(monkeypatch):
 
 
 def test_exact_posterior_with_hmc_on_a_smoothed_hinge(block_phases, imh_rejects, wide_surrogate):
-    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
     assert set(block_phases.surrogates) == {0}
 
@@ -251,6 +251,6 @@ def test_exact_check_detects_hmc_accepting_on_the_smoothed_hinge(block_phases, i
 
     monkeypatch.setattr(linear.LinearSVMModel, "_hmc_target", accept_on_the_surrogate)
     with pytest.raises(AssertionError):
-        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+        exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
     assert set(block_phases.surrogates) == {0}

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vbsvm.inference import independence
-from vbsvm.inference.block_tuner import BlockTuner
-from vbsvm.inference.independence import StudentTProposal, independence_steps
+from vbsvm.mcmc import independence
+from vbsvm.mcmc.block_tuner import BlockTuner
+from vbsvm.mcmc.independence import StudentTProposal, independence_steps
 from vbsvm.models import linear
-import test_reliability_exact as exact
-from test_reliability_exact import P_MIN
+from support import exact
+from support.exact import P_MIN
 
 
 def _proposal(d=3, df=6.0, seed=0):
@@ -77,7 +77,7 @@ def test_independence_steps_count_and_order():
 def test_exact_posterior_with_the_independence_move_kept(block_phases):
     """Intercept + penalized slope with the penalty inferred: the block (beta, log sigma2_u) moves
     by the independence sampler after tuning, and the draws match the quadrature marginals."""
-    exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+    exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.KEPT_IMH for ph in block_phases), block_phases
 
 
@@ -87,5 +87,5 @@ def test_exact_check_detects_an_independence_move_without_its_proposal_density(b
     monkeypatch.setattr(linear, "independence_steps",
                         lambda lt, ltp, lq, lqp, rng: steps(lt, ltp, 0.0 * lq, 0.0 * np.asarray(lqp), rng))
     with pytest.raises(AssertionError):
-        exact.test_intercept_and_penalized_coefficient_penalty_inferred(11, 1)
+        exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert all(ph == BlockTuner.KEPT_IMH for ph in block_phases), block_phases

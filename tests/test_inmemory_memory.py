@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel, row_blocks, weighted_gram
 

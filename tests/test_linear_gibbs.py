@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 import vbsvm
-from vbsvm import results
-from test_reliability_helpers import ess, grid_cdf, hinge_sum, ks_1samp_ess, ks_2samp_ess
+from vbsvm.results.fit import fit as results
+from support.statistics import ess, grid_cdf, hinge_sum, ks_1samp_ess, ks_2samp_ess
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,8 @@ import pytest
 
 import vbsvm
 from vbsvm.exceptions import DiagnosticWarning, InputError
-from vbsvm.linear_response import (
-    LinearResponse,
-    _rebuild_model,
-    _vb_solution,
-    fixed_point_map,
-    linear_response,
-    lr_covariance,
-    vb_fixed_point,
-)
+from vbsvm.posterior.linear_response import (LinearResponse, _rebuild_model, _vb_solution, fixed_point_map,
+                                             linear_response, lr_covariance, vb_fixed_point)
 from vbsvm.models.linear import LinearSVMModel
 
 

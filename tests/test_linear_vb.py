@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel
 
-from oracle import algorithm1, algorithm2
+from support.oracle import algorithm1, algorithm2
 
 
 def make_model(formula, data, penalty="auto", sigma2_beta=1e8, A=0.01, B=0.01):

@@ -21,13 +21,13 @@ from scipy import stats
 from scipy.special import gammaln, kve, multigammaln
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.distributions import GIG, InverseGamma, InverseWishart
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
-from vbsvm.imputed_fit import ImputedFit
+from vbsvm.results.imputed import ImputedFit
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
-from vbsvm.fitting import fit_imputed
+from vbsvm.fitting.builders import fit_imputed
 from vbsvm.models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, imputation_columns
 
 
@@ -645,7 +645,7 @@ def test_predict_complete_rows_matches_linear_formula(fits, logdata):
     new = logdata.dropna().iloc[:30]
     for fit in fits.values():
         ours = fit.predict(new, kind="score")
-        base = vbsvm.results.Fit.predict_score(fit, new) if fit.method == "vb" else None
+        base = vbsvm.results.fit.Fit.predict_score(fit, new) if fit.method == "vb" else None
         if base is not None:
             pd.testing.assert_frame_equal(ours, base)
         X = fit.design.new_X(new, standardized=False)
@@ -702,7 +702,7 @@ def test_undefined_transformation_raises(logdata):
 def test_map_and_laplace_zero_are_refused(small):
     with pytest.raises(InputError, match="method='map'.*missing='impute'"):
         vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", method="map")
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
     design = build_design("y ~ x1 + x2 + x3", small, missing="impute")
     settings = dict(method="vb", imputation="joint")
@@ -713,7 +713,7 @@ def test_map_and_laplace_zero_are_refused(small):
 def test_laplace_zero_with_impute_refusals_through_svm(small):
     """svm() sends prior= to the selection model, which hands missing='impute' to the imputation
     fit (tests/test_combinations.py); the joint model and rho='auto' are refused clearly."""
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
     with pytest.raises(InputError, match=r"LaplaceZero.*imputation='conditional'"):
         vbsvm.svm("y ~ x1 + x2 + x3", data=small, missing="impute", imputation="joint", prior=LaplaceZero(rho=0.1))
@@ -936,7 +936,7 @@ def test_single_q_vb_of_the_cut_attenuates(cut_pair):
 def test_cut_gibbs_runs_svm_sweeps_per_imputation_draw(monkeypatch, laplace_zero):
     """Each sweep of the cut sampler draws one completion, then runs ``cut_svm_sweeps`` sweeps of
     the SVM block on it (the same completed design throughout), and the fit reports the number."""
-    import vbsvm.fitting as fitting
+    import vbsvm.fitting.builders as fitting
     from vbsvm.models.linear import LinearSVMModel
     from vbsvm.models.selection import LaplaceZeroModel
 
@@ -984,8 +984,8 @@ def test_cut_gibbs_tunes_and_keeps_the_linear_block_move(monkeypatch):
     """The cut sampler runs the linear block's tuning on the state its inner sweeps pass on: the
     first inner sweep starts collecting, and after tuning every inner sweep runs with a kept block
     move (independence or HMC), which then replaces the augmented steps."""
-    import vbsvm.fitting as fitting
-    from vbsvm.inference.block_tuner import BlockTuner
+    import vbsvm.fitting.builders as fitting
+    from vbsvm.mcmc.block_tuner import BlockTuner
     from vbsvm.models.linear import LinearSVMModel
 
     monkeypatch.setattr(fitting, "CUT_SVM_SWEEPS", 3)

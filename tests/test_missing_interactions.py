@@ -21,7 +21,7 @@ import pytest
 from scipy import stats
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.exceptions import DiagnosticWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
@@ -246,7 +246,7 @@ def test_fit_reports_imputations_of_the_predictor(fits):
 def test_save_load_round_trip_and_summary(fits, tmp_path):
     import xarray as xr
 
-    from vbsvm.imputed_fit import ImputedFit
+    from vbsvm.results.imputed import ImputedFit
 
     mis, vb, _ = fits
     path = tmp_path / "fit.nc"

@@ -1,4 +1,4 @@
-"""Model jumps of the Laplace-zero Gibbs sampler: the proposals (:mod:`vbsvm.inference.model_jumps`),
+"""Model jumps of the Laplace-zero Gibbs sampler: the proposals (:mod:`vbsvm.mcmc.model_jumps`),
 the jump's target (:meth:`LaplaceZeroModel.model_jumps`) and the engine's pooling of the tuning.
 
 The jump's exactness is checked against quadrature in ``test_reliability_exact.py`` (with a
@@ -13,7 +13,7 @@ import pytest
 from scipy import stats
 
 from vbsvm.inference.gibbs import run_chains
-from vbsvm.inference.model_jumps import ModelJumpTuner
+from vbsvm.mcmc.model_jumps import ModelJumpTuner
 from vbsvm.models.selection import LaplaceZeroModel
 
 
@@ -153,7 +153,7 @@ def test_chains_jump_after_pooling_and_serial_equals_parallel(monkeypatch):
 ])
 def test_a_laplace_zero_prior_tunes_longer_by_default(prior, missing, tune, expected):
     from vbsvm import LaplaceZero
-    from vbsvm.api import _settings
+    from vbsvm.fitting.svm import _settings
 
     settings = _settings("y ~ x", method="gibbs", penalty="auto", missing=missing, standardize=True, draws=10,
                          tune=tune, chains=1, thin=1, seed=1, tol=1e-8, max_iter=10, accelerate=True,

@@ -1,5 +1,5 @@
 """The partially non-centred variance move of the linear Gibbs sampler
-(:mod:`vbsvm.inference.partial_noncentring`, ``LinearSVMModel._variance_orbit``): its density along
+(:mod:`vbsvm.mcmc.partial_noncentring`, ``LinearSVMModel._variance_orbit``): its density along
 the orbit against the model's joint pseudo-posterior, the tuner's schedule and estimate, and the
 exact-posterior check with fixed exponents, with a broken variant (no Jacobian) that it rejects."""
 
@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import test_reliability_exact as exact
-from vbsvm.inference.partial_noncentring import ExponentTuner
+from support import exact
+from vbsvm.mcmc.partial_noncentring import ExponentTuner
 from vbsvm.models.linear import LinearSVMModel
 
 
@@ -107,7 +107,7 @@ def test_a_random_intercept_fit_fits_exponents_and_keeps_them_fixed_after_tuning
     g = np.repeat(np.arange(6), [3, 3, 4, 20, 25, 30])
     y = np.where(rng.random(g.size) < np.array([0.5, 0.5, 0.5, 0.9, 0.1, 0.8])[g], 1, -1)
     df = pd.DataFrame({"y": y, "g": g.astype(str)})
-    exact._gibbs("y ~ 1 + (1 | g)", df, scale=0.1, seed=3, penalty=None, chains=1, tune=200)
+    exact.gibbs("y ~ 1 + (1 | g)", df, scale=0.1, seed=3, penalty=None, chains=1, tune=200)
     per_sweep = LinearSVMModel.level_rounds
     before = seen[: 100 * per_sweep]
     after = seen[200 * per_sweep:]
@@ -128,7 +128,7 @@ def test_exact_posterior_with_fixed_exponents(monkeypatch, value):
     """The quadrature check of ``y ~ 1 + (1 | g)`` (two levels) with every exponent fixed (0: the
     move is centred, 0.4: partially non-centred) from the first sweep on."""
     _fixed_exponents(monkeypatch, value)
-    exact.test_random_intercept_two_groups_exact(11, 1)
+    exact.random_intercept_two_groups(11, 1)
 
 
 def test_exact_check_detects_a_move_without_its_jacobian(monkeypatch):
@@ -147,4 +147,4 @@ def test_exact_check_detects_a_move_without_its_jacobian(monkeypatch):
     monkeypatch.setattr(LinearSVMModel, "_variance_orbit", broken)
     monkeypatch.setattr(LinearSVMModel, "block_min_accept", 2.0)
     with pytest.raises(AssertionError):
-        exact.test_random_intercept_two_groups_exact(3, 1)
+        exact.random_intercept_two_groups(3, 1)

@@ -23,36 +23,14 @@ import pytest
 from scipy import special
 
 import vbsvm
-from vbsvm.design import build_design
+from vbsvm.formula.design import build_design
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel, WorkingGram
 
-from oracle import vb_iteration_random_effects
-from test_reliability_helpers import ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
-
-
-def slope_frame(n_groups, n_per, seed, *, sd=(1.0, 1.0), cor=0.5, beta=(0.3, 1.0, -0.7), hinge=False):
-    """Grouped data with correlated random intercepts and slopes of ``x``.
-
-    ``f = beta0 + beta1 x + beta2 z + b0_g + b1_g x``, ``(b0_g, b1_g) ~ N(0, Sigma)``; y is drawn
-    from ``P(y = +1) = expit(f)``, or with ``hinge=True`` from the hinge likelihood normalised over
-    y, ``exp(-2 (1 - y f)_+) / sum_y' exp(-2 (1 - y' f)_+)``.
-    """
-    rng = np.random.default_rng(seed)
-    S = np.array([[sd[0] ** 2, cor * sd[0] * sd[1]], [cor * sd[0] * sd[1], sd[1] ** 2]])
-    b = rng.multivariate_normal(np.zeros(2), S, size=n_groups)
-    g = np.repeat(np.arange(n_groups), n_per)
-    x, z = rng.normal(size=g.size), rng.normal(size=g.size)
-    f = beta[0] + beta[1] * x + beta[2] * z + b[g, 0] + b[g, 1] * x
-    if hinge:
-        lp, lm = -2 * np.maximum(0, 1 - f), -2 * np.maximum(0, 1 + f)
-        p = np.exp(lp - np.logaddexp(lp, lm))
-    else:
-        p = special.expit(f)
-    y = np.where(rng.random(g.size) < p, 1, 0)
-    h = rng.integers(0, 3, g.size)
-    return pd.DataFrame({"y": y, "x": x, "z": z, "g": [f"g{k:03d}" for k in g], "h": [f"h{k}" for k in h]})
+from support.frames import slope_frame
+from support.oracle import vb_iteration_random_effects
+from support.statistics import ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
 
 
 SETTINGS = dict(penalty="auto", sigma2_beta=1e8, A_u=0.01, B_u=0.01, re_df=None, re_scale=None)
@@ -373,7 +351,7 @@ def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path, method
     dense, sc = fit._new_rows(new)
     lay = fit.layout
     F = theta.reshape(-1, lay.q)[:, : lay.n_dense] @ dense.T
-    from vbsvm.results import add_sparse_score
+    from vbsvm.results.fit import add_sparse_score
 
     F = add_sparse_score(F, theta.reshape(-1, lay.q)[:, lay.n_dense:], sc)
     np.testing.assert_allclose(F.mean(0), score["mean"], atol=4 * score["sd"].max() / np.sqrt(F.shape[0]))

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 import vbsvm
-from vbsvm.exceptions import (FitFileError, FormulaError, InputError, InputTypeError, VbsvmError)
-from test_reliability_helpers import fingerprint
+from vbsvm.exceptions import FitFileError, FormulaError, InputError, InputTypeError, VbsvmError
+from support.statistics import fingerprint
 
 FIX = (r"(?i)\b(use|pass|drop|remove|recode|rename|must|should|give|choose|add|map|fill|filter|"
        r"transform|write|wrap|refit|leave|increase|set|lower|keep|one of|e\.g\.|expected|"
@@ -160,7 +160,7 @@ CASES = {
 
 
 def _laplace(**kw):
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
     return LaplaceZero(**kw)
 
@@ -313,7 +313,7 @@ def test_load_never_executes_code_from_a_file(tmp_path, fitted):
     import base64
     import xarray as xr
 
-    from vbsvm.gpfit import gpsvm
+    from vbsvm.fitting.gp import gpsvm
 
     df = fitted[1].assign(yy=lambda d: d["y"])
     fit = gpsvm("y ~ x + z", df, method="vb", n_inducing=10, seed=0, max_iter=30)
@@ -354,7 +354,7 @@ GP_CASES = {
 }
 @pytest.mark.parametrize("case", GP_CASES)
 def test_bad_input_gpsvm(case):
-    from vbsvm.gpfit import gpsvm
+    from vbsvm.fitting.gp import gpsvm
 
     kw, name_re = GP_CASES[case]
     df = _frame()

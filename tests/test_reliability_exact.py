@@ -16,71 +16,34 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pandas as pd
 import pytest
-from scipy import special, stats
+from scipy import special
 from scipy.integrate import cumulative_trapezoid
 
 import vbsvm
 from vbsvm.exceptions import DiagnosticWarning
-from test_reliability_helpers import (ess, grid_cdf, hinge_sum, ks_1samp_ess,
-                                      mixture_cdf)
-from test_reliability_helpers import gibbs_fit
+from support import exact
+from support.exact import P_MIN, data, gibbs, ig_mixture_cdf, report
+from support.statistics import ess, grid_cdf, hinge_sum, ks_1samp_ess
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
-P_MIN = 1e-3
 FAST = [pytest.param(11, 1, id="fast")]
 SLOW = [pytest.param(s, 4, id=f"slow-seed{s}", marks=pytest.mark.slow) for s in (21, 22, 23, 24, 25)]
 SEEDS = FAST + SLOW
 
 
-def _gibbs(formula, df, *, scale, seed, **kw):
-    """Gibbs fit through the public API (draws scaled by ``scale``)."""
-    return gibbs_fit(formula, df, scale=scale, seed=seed, **{"tune": 300, "thin": 1, **kw})
-
-
-def _data(seed, n=30, p=1, intercept=0.3, beta=1.5):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, p))
-    eta = intercept + X @ np.full(p, beta / np.sqrt(p))
-    y = np.where(rng.random(n) < special.expit(eta), 1, -1)
-    df = pd.DataFrame(X, columns=[f"x{j + 1}" for j in range(p)])
-    df.insert(0, "y", y)
-    return df
-
-
-def _report(name, pvals):
-    print(f"[exact] {name}: " + ", ".join(f"{k} p={v:.3g}" for k, v in pvals.items()))
-
-
-def _ig_mixture_cdf(shape, B, r2, weights, bins=400):
-    """CDF of sigma2 | y = sum over grid points of w * IG(shape, B + r2 / 2), with the grid
-    points binned by r2 (quantile bins of the posterior weight) to keep the mixture small."""
-    w = weights / weights.sum()
-    order = np.argsort(r2)
-    cw = np.cumsum(w[order])
-    idx = np.empty(r2.size, dtype=int)
-    idx[order] = np.minimum((cw * bins).astype(int), bins - 1)
-    wb = np.bincount(idx, weights=w, minlength=bins)
-    rb = np.bincount(idx, weights=w * r2, minlength=bins) / np.maximum(wb, 1e-300)
-    keep = wb > 0
-    comp = lambda s: stats.invgamma.cdf(s[:, None], shape, scale=B + rb[keep][None, :] / 2)
-    return mixture_cdf(comp, wb[keep])
-
-
-# ------------------------------------------------------------------------------- linear
 @pytest.mark.parametrize("seed,scale", SEEDS)
 def test_one_coefficient_fixed_penalty(seed, scale):
-    df = _data(seed, n=25)
+    df = data(seed, n=25)
     alpha = 0.7
-    fit = _gibbs("y ~ x1 - 1", df, scale=scale, seed=seed, penalty=alpha)
+    fit = gibbs("y ~ x1 - 1", df, scale=scale, seed=seed, penalty=alpha)
     d = fit.posterior["theta_draws"][..., 0]
     y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
     grid = np.linspace(-4, 8, 12001)
     cdf = grid_cdf(grid, -2 * hinge_sum(y, np.outer(x, grid)) - 2 * alpha * grid ** 2)
     p = ks_1samp_ess(d, cdf)
-    _report("1 coef, fixed penalty", {"beta": p})
+    report("1 coef, fixed penalty", {"beta": p})
     assert p > P_MIN
 
 
@@ -88,9 +51,9 @@ def test_one_coefficient_fixed_penalty(seed, scale):
 def test_two_penalized_coefficients_penalty_inferred(seed, scale):
     """sigma2_u ~ IG(A, B) integrated out: p(b | y) ~ exp(-2 sum hinge) (B + |b|^2/2)^-(A+1).
     sigma2_u | y is the mixture over the grid of IG(A + 1, B + |b|^2/2)."""
-    df = _data(seed, n=30, p=2)
+    df = data(seed, n=30, p=2)
     A, B = 1.5, 1.0
-    fit = _gibbs("y ~ x1 + x2 - 1", df, scale=scale, seed=seed, penalty="auto", A_u=A, B_u=B)
+    fit = gibbs("y ~ x1 + x2 - 1", df, scale=scale, seed=seed, penalty="auto", A_u=A, B_u=B)
     th = fit.posterior["theta_draws"]
     s2 = fit.posterior["sigma2_draws"][..., 0]
     y, X = df["y"].to_numpy(float), df[["x1", "x2"]].to_numpy()
@@ -102,59 +65,21 @@ def test_two_penalized_coefficients_penalty_inferred(seed, scale):
     joint = np.exp(logd - logd.max())
     pv = {"b1": ks_1samp_ess(th[..., 0], grid_cdf(g, np.log(joint.sum(1)))),
           "b2": ks_1samp_ess(th[..., 1], grid_cdf(g, np.log(joint.sum(0))))}
-    pv["sigma2_u"] = ks_1samp_ess(s2, _ig_mixture_cdf(A + 1, B, r2, joint.ravel()))
-    _report("2 penalized coefs, penalty inferred", pv)
+    pv["sigma2_u"] = ks_1samp_ess(s2, ig_mixture_cdf(A + 1, B, r2, joint.ravel()))
+    report("2 penalized coefs, penalty inferred", pv)
     assert min(pv.values()) > P_MIN, pv
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
 def test_intercept_and_penalized_coefficient_penalty_inferred(seed, scale):
     """Vague N(0, 1e8) intercept (never penalized) + one penalized slope, sigma2_u integrated."""
-    df = _data(seed, n=30, intercept=0.8)
-    A, B = 1.0, 1.0
-    fit = _gibbs("y ~ x1", df, scale=scale, seed=seed, penalty="auto", A_u=A, B_u=B)
-    th = fit.posterior["theta_draws"]
-    y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
-    b0 = np.linspace(-4, 5, 451)
-    b1 = np.linspace(-4, 9, 651)
-    G0, G1 = np.meshgrid(b0, b1, indexing="ij")
-    F = np.outer(x, G1.ravel()) + G0.ravel()
-    logd = (-2 * hinge_sum(y, F) - G0.ravel() ** 2 / 2e8
-            - (A + 0.5) * np.log(B + G1.ravel() ** 2 / 2)).reshape(G0.shape)
-    joint = np.exp(logd - logd.max())
-    pv = {"intercept": ks_1samp_ess(th[..., 0], grid_cdf(b0, np.log(joint.sum(1)))),
-          "slope": ks_1samp_ess(th[..., 1], grid_cdf(b1, np.log(joint.sum(0))))}
-    _report("intercept + penalized slope", pv)
-    assert min(pv.values()) > P_MIN, pv
+    exact.intercept_and_penalized_coefficient_penalty_inferred(seed, scale)
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
 def test_random_intercept_two_groups_exact(seed, scale):
-    """y ~ 1 + (1 | g) with two levels: (b0, u1, u2) on a 3-d grid, sigma2_g integrated out:
-    p ~ exp(-2 [H1(b0 + u1) + H2(b0 + u2)]) N(b0; 0, 1e8) (B + (u1^2 + u2^2)/2)^-(A+1)."""
-    rng = np.random.default_rng(seed)
-    g = np.repeat([0, 1], [12, 10])
-    y = np.where(rng.random(g.size) < np.where(g == 0, 0.7, 0.35), 1, -1)
-    df = pd.DataFrame({"y": y, "g": np.array(["a", "b"])[g]})
-    A, B = 2.0, 1.0
-    fit = _gibbs("y ~ 1 + (1 | g)", df, scale=scale, seed=seed, penalty=None, A_u=A, B_u=B)
-    th = fit.posterior["theta_draws"]  # (b0, u_a, u_b)
-    s2 = fit.posterior["sigma2_draws"][..., 0]
-    b0 = np.linspace(-9, 9, 181)
-    u = np.linspace(-9, 9, 181)
-    S = b0[:, None] + u[None, :]
-    H = [hinge_sum(y[g == k], S.ravel()[None, :] * np.ones((np.sum(g == k), 1))).reshape(S.shape)
-         for k in (0, 1)]
-    r2 = u[:, None] ** 2 + u[None, :] ** 2
-    logd = (-2 * H[0][:, :, None] - 2 * H[1][:, None, :] - b0[:, None, None] ** 2 / 2e8
-            - (A + 1) * np.log(B + r2[None] / 2))
-    joint = np.exp(logd - logd.max())
-    pv = {"b0": ks_1samp_ess(th[..., 0], grid_cdf(b0, np.log(joint.sum((1, 2))))),
-          "u_a": ks_1samp_ess(th[..., 1], grid_cdf(u, np.log(joint.sum((0, 2))))),
-          "u_b": ks_1samp_ess(th[..., 2], grid_cdf(u, np.log(joint.sum((0, 1)))))}
-    pv["sigma2_g"] = ks_1samp_ess(s2, _ig_mixture_cdf(A + 1, B, r2.ravel(), joint.sum(0).ravel()))
-    _report("random intercept, 2 groups", pv)
-    assert min(pv.values()) > P_MIN, pv
+    """y ~ 1 + (1 | g) with two levels against a 3-d grid, sigma2_g integrated out."""
+    exact.random_intercept_two_groups(seed, scale)
 
 
 # ------------------------------------------------------------------------------- Laplace-zero
@@ -173,11 +98,11 @@ def test_laplace_zero_one_term_with_intercept_exact(seed, scale):
     """u = gamma v with the Laplace-zero prior; the posterior is a mixture of a point mass at 0
     (gamma = 0) and a continuous part. Checks P(gamma = 1 | y) and the marginals of the
     intercept and of u by quadrature."""
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
-    df = _data(111, n=30, beta=0.3)  # fixed data with P(gamma = 1 | y) ~ 0.17; the seeds vary the chains
+    df = data(111, n=30, beta=0.3)  # fixed data with P(gamma = 1 | y) ~ 0.17; the seeds vary the chains
     A, B, rho = 2.0, 1.0, 0.4
-    fit = _gibbs("y ~ x1", df, scale=scale, seed=seed, prior=LaplaceZero(rho=rho), A_u=A, B_u=B)
+    fit = gibbs("y ~ x1", df, scale=scale, seed=seed, prior=LaplaceZero(rho=rho), A_u=A, B_u=B)
     th = fit.posterior["theta_draws"]  # effective coefficients on the original scale
     gam = fit.posterior["gamma_draws"][..., 0].astype(float)
     y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
@@ -207,7 +132,7 @@ def test_laplace_zero_one_term_with_intercept_exact(seed, scale):
     n_keep = min(len(r) for r in nz)
     pv["u | gamma=1"] = ks_1samp_ess(np.stack([r[:n_keep] for r in nz]), lambda t: np.interp(t, u, cont / cont[-1]))
     assert np.array_equal(u_draws != 0, gam[..., None].squeeze(-1) == 1)  # u = 0 exactly iff gamma = 0
-    _report("Laplace-zero, 1 term + intercept", {**pv, "P(gamma=1) exact": p_incl,
+    report("Laplace-zero, 1 term + intercept", {**pv, "P(gamma=1) exact": p_incl,
                                                  "gibbs": gam.mean(), "z": z_incl})
     assert z_incl < 4, (gam.mean(), p_incl)
     assert min(pv.values()) > P_MIN, pv
@@ -242,7 +167,7 @@ def test_missing_one_cell_exact(seed, scale):
     from vbsvm.models.missing import ImputedSVMModel
     from vbsvm.inference.gibbs import run_chains
 
-    df = _data(seed + 200, n=20)
+    df = data(seed + 200, n=20)
     y, x = df["y"].to_numpy(float), df["x1"].to_numpy().copy()
     x[3] = np.nan
     alpha = 0.5
@@ -262,14 +187,14 @@ def test_missing_one_cell_exact(seed, scale):
     joint = np.exp(logd - logd.max())
     pv = {"beta": ks_1samp_ess(beta_d, grid_cdf(bg, np.log(joint.sum(1)))),
           "x_missing": ks_1samp_ess(xm_d, grid_cdf(xg, np.log(joint.sum(0))))}
-    _report("missing: 1 cell", pv)
+    report("missing: 1 cell", pv)
     assert min(pv.values()) > P_MIN, pv
 
 
 def test_missing_one_cell_public_api_matches_model_level_sampler():
     """The public ``missing="impute"`` Gibbs fit reports the same sampler's draws on the original
     scale (here standardize=False, so they equal the model-level draws for the same seed)."""
-    df = _data(211, n=20)
+    df = data(211, n=20)
     df.loc[3, "x1"] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
@@ -292,7 +217,7 @@ def test_gp_full_two_points_exact(seed, scale):
     N(v; 0, I) prod_i exp{-(1 - y_i a_i v) - sqrt((1 - y_i a_i v)^2 + kt_i)} in the whitened
     coordinates (kt ~ jitter), i.e. exp(-2 sum hinge(f)) N(f; 0, K). f = A v is checked on a
     2-d grid."""
-    from vbsvm.gpfit import gibbs_sparse
+    from vbsvm.fitting.gp import gibbs_sparse
     from vbsvm.models.gp import RBF, InducingGP
 
     rng = np.random.default_rng(seed)
@@ -311,7 +236,7 @@ def test_gp_full_two_points_exact(seed, scale):
     joint = np.exp(logd - logd.max())
     pv = {"f1": ks_1samp_ess(F[..., 0], grid_cdf(g, np.log(joint.sum(1)))),
           "f2": ks_1samp_ess(F[..., 1], grid_cdf(g, np.log(joint.sum(0))))}
-    _report("GP full, 2 points", pv)
+    report("GP full, 2 points", pv)
     assert min(pv.values()) > P_MIN, pv
 
 
@@ -319,9 +244,9 @@ def test_exact_check_detects_a_wrong_sampler():
     """Power check of the KS machinery: the same quadrature target rejects draws from the
     posterior with the penalty off by a factor 2 (what a factor-2 bug in the prior precision
     would produce)."""
-    df = _data(11, n=25)
+    df = data(11, n=25)
     y, x = df["y"].to_numpy(float), df["x1"].to_numpy()
-    fit = _gibbs("y ~ x1 - 1", df, scale=1, seed=11, penalty=1.4)  # wrong: 2 x 0.7
+    fit = gibbs("y ~ x1 - 1", df, scale=1, seed=11, penalty=1.4)  # wrong: 2 x 0.7
     grid = np.linspace(-4, 8, 12001)
     cdf = grid_cdf(grid, -2 * hinge_sum(y, np.outer(x, grid)) - 2 * 0.7 * grid ** 2)
     assert ks_1samp_ess(fit.posterior["theta_draws"][..., 0], cdf) < P_MIN
@@ -406,7 +331,7 @@ def test_exact_check_detects_a_wrong_laplace_zero_coefficient_move(monkeypatch):
 def test_exact_check_detects_a_wrong_model_jump(monkeypatch):
     """The Laplace-zero model jump without its proposal ratio (``q_M(x) / q_M'(x')``, the t
     densities of the two models' coordinates) is rejected by the exact Laplace-zero check."""
-    from vbsvm.inference.model_jumps import ModelJumpTuner
+    from vbsvm.mcmc.model_jumps import ModelJumpTuner
 
     monkeypatch.setattr(ModelJumpTuner, "log_density", lambda self, state, k, x: 0.0)
     with pytest.raises(AssertionError):

@@ -25,7 +25,7 @@ import pandas as pd
 import pytest
 from scipy import special
 
-from test_reliability_helpers import elliptical_slice, ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
+from support.statistics import elliptical_slice, ess, gibbs_fit, ks_2samp_ess, mean_z, rwm
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -164,7 +164,7 @@ def test_laplace_zero_against_metropolis_with_indicator_flips(seed, scale):
     """Target p(b0, v, gamma, sigma_u | y) ~ exp(-2 sum hinge(b0 + X (gamma * v))) N(b0; 0, 1e8)
     prod_k Laplace(v_k; sigma_u) Bern(gamma_k; rho) IG(sigma_u^2; A, B): Metropolis on
     (b0, v, log sigma_u), exact conditional draws of each gamma_k (two likelihood evaluations)."""
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
     rng = np.random.default_rng(seed)
     n, m = 50, 4
@@ -313,7 +313,7 @@ def test_sparse_gp_gibbs_against_elliptical_slice(seed, scale):
     """m = 6 inducing points, n = 40: the bound model in whitened coordinates,
     N(v; 0, I) prod_i exp{-(1 - y_i a_i v) - sqrt((1 - y_i a_i v)^2 + kt_i)}, sampled by
     elliptical slice sampling; compared on v and on f at three test inputs."""
-    from vbsvm.gpfit import gibbs_sparse
+    from vbsvm.fitting.gp import gibbs_sparse
     from vbsvm.models.gp import RBF, Constant, InducingGP, select_inducing
 
     rng = np.random.default_rng(seed)

@@ -23,10 +23,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from scipy import integrate
 
-from vbsvm.design import build_design
-from vbsvm.distributions import GIG, Bernoulli, Gaussian, InverseGamma, InverseGaussian, InverseWishart, sample_gig_half
+from vbsvm.formula.design import build_design
+from vbsvm.distributions import (GIG, Bernoulli, Gaussian, InverseGamma, InverseGaussian, InverseWishart,
+                                 sample_gig_half)
 from vbsvm.exceptions import VbsvmError
-from test_reliability_helpers import fingerprint
+from support.statistics import fingerprint
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow])

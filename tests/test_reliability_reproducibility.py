@@ -37,7 +37,7 @@ def _frame(n=60, seed=0, missing=False):
 
 
 def _laplace():
-    from vbsvm.priors import LaplaceZero
+    from vbsvm.models.priors import LaplaceZero
 
     return LaplaceZero(rho=0.3)
 
@@ -114,7 +114,7 @@ def test_vb_deterministic_and_arviz_draws_seeded(model):
 
 
 def test_gp_gibbs_and_svi_reproducible():
-    from vbsvm.gpfit import gpsvm
+    from vbsvm.fitting.gp import gpsvm
 
     df = _frame(80)
     kw = dict(n_inducing=12, seed=5)

@@ -41,7 +41,7 @@ import vbsvm.models.linear as linear
 from vbsvm.distributions import InverseGamma
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.selection import LaplaceZeroModel
-from test_reliability_helpers import sbc_rank, uniformity_pvalue
+from support.statistics import sbc_rank, uniformity_pvalue
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 

@@ -22,7 +22,7 @@ from scipy import special
 
 import vbsvm
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
-from test_reliability_helpers import mean_z
+from support.statistics import mean_z
 
 pytestmark = pytest.mark.usefixtures("one_blas_thread")
 
@@ -136,7 +136,7 @@ def case_imbalanced_random_intercept():
 
 def _selection(rho):
     def case():
-        from vbsvm.priors import LaplaceZero
+        from vbsvm.models.priors import LaplaceZero
 
         rng = np.random.default_rng(9)
         X = rng.normal(size=(70, 6))
@@ -282,7 +282,7 @@ def test_rescaling_a_predictor_rescales_its_coefficient(method):
 # ------------------------------------------------------------------------------- GP
 @pytest.mark.parametrize("case", ["separable", "huge_scale", "imbalanced_one_percent", "duplicated_column"])
 def test_stress_gp_batch_vb(case):
-    from vbsvm.gpfit import gpsvm
+    from vbsvm.fitting.gp import gpsvm
 
     formula, df, kw = CASES[case]()
     with warnings.catch_warnings(record=True):

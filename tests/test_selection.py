@@ -20,14 +20,15 @@ from scipy import stats
 from scipy.special import expit, gammaln, kve, logit
 
 import vbsvm
-from vbsvm.design import build_design
+from support.exact import laplace_zero_marginal_prior
+from vbsvm.formula.design import build_design
 from vbsvm.distributions import InverseGamma, InverseGaussian
 from vbsvm.exceptions import InputError, InputTypeError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.selection import LaplaceZeroModel
-from vbsvm.priors import LaplaceZero
-from vbsvm.selection_fit import SelectionFit
+from vbsvm.models.priors import LaplaceZero
+from vbsvm.results.selection import SelectionFit
 
 
 # ----------------------------------------------------------------------------- oracle
@@ -400,23 +401,13 @@ def test_rho_one_fixed_b_sampler_reproduces_ridge_posterior(small):
     lin = fit.posterior["theta_draws"].reshape(-1, d.p)
     M = d.to_original()
     sel = a.draws["u"].reshape(-1, d.p) @ M.T
-    from test_linear_gibbs import ks_2samp_ess
+    from support.statistics import ks_2samp_ess
 
     for j in range(d.p):
         assert ks_2samp_ess(sel[:, j], lin[:, j]) > 1e-3, j
     s2a = a.draws["sigma2"].ravel()
     s2b = fit.posterior["sigma2_draws"].ravel()
     assert ks_2samp_ess(np.log(s2a), np.log(s2b)) > 1e-3
-
-
-def _laplace_zero_marginal_prior(u, A, B):
-    """p(u | gamma = 1) = int Laplace(u; 0, sqrt(s2)) IG(s2; A, B) ds2 by quadrature on log s2."""
-    ls = np.linspace(-12, 12, 4001)
-    s2 = np.exp(ls)
-    sig = np.sqrt(s2)
-    ig = np.exp(A * np.log(B) - gammaln(A) - (A + 1) * ls - B / s2) * s2  # density in log s2
-    dens = np.exp(-np.abs(u)[:, None] / sig[None, :]) / (2 * sig[None, :]) * ig[None, :]
-    return np.trapezoid(dens, ls, axis=1)
 
 
 def test_inclusion_probability_matches_quadrature():
@@ -432,7 +423,7 @@ def test_inclusion_probability_matches_quadrature():
     u = np.linspace(-4, 4, 641)
     F = b0[:, None, None] + u[None, :, None] * x[None, None, :]
     loglik = -2 * np.maximum(0, 1 - y * F).sum(-1)  # (b0, u)
-    pu = _laplace_zero_marginal_prior(u, A, B)
+    pu = laplace_zero_marginal_prior(u, A, B)
     L = np.exp(loglik - loglik.max())
     Z1 = np.trapezoid(np.trapezoid(L * pu[None, :], u, axis=1), b0)
     Z0 = np.trapezoid(L[:, np.argmin(np.abs(u))], b0)  # u = 0 exactly (grid contains 0)
@@ -636,7 +627,7 @@ def test_vbsvm_load_dispatches_selection_fits(vb_fit, tmp_path):
 
 def test_plot_inclusion(vb_fit, gibbs_fit):
     from matplotlib.figure import Figure
-    from vbsvm.plots import plot_elbo, plot_inclusion_comparison
+    from vbsvm.results.plots import plot_elbo, plot_inclusion_comparison
 
     fig = vb_fit.plot_inclusion()
     assert isinstance(fig, Figure)
@@ -659,7 +650,7 @@ def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, mo
     """Issue #17: the inclusion table of a Gibbs fit reports R-hat and bulk ESS per indicator
     (those of ``gamma[term]`` in ``fit.diagnostics()``); with term names too long for one table
     they get a table of their own, and no line is wider than the summary."""
-    from vbsvm import summary
+    from vbsvm.results import summary
 
     (title, table), = [t for t in gibbs_fit.summary_tables(0.95) if t[0].startswith("Inclusion")]
     diag = gibbs_fit.diagnostics()

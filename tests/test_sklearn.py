@@ -21,8 +21,8 @@ from sklearn.svm import SVC  # noqa: E402
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
 import vbsvm  # noqa: E402
-from vbsvm.exceptions import ConvergenceWarning, InputError, InputTypeError  # noqa: E402
-from vbsvm.sklearn import BayesianSVC  # noqa: E402
+from vbsvm.exceptions import ConvergenceWarning, InputError, InputTypeError
+from vbsvm.sklearn import BayesianSVC
 
 #: scikit-learn checks the estimator is expected to fail, and why
 EXPECTED_FAILED = {

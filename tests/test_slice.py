@@ -1,4 +1,4 @@
-"""The univariate slice sampler of :mod:`vbsvm.inference.slice`: distribution and bookkeeping."""
+"""The univariate slice sampler of :mod:`vbsvm.mcmc.slice`: distribution and bookkeeping."""
 
 import math
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from vbsvm.inference.slice import slice_sample
+from vbsvm.mcmc.slice import slice_sample
 
 
 def _chain(logp, x0, n, seed, width, known=False):

@@ -10,13 +10,13 @@ Polson & Scott (2011) data augmentation of the hinge loss.
 >>> fit.summary()  # doctest: +SKIP
 """
 
-__version__ = "0.1.0"
-
-from . import datasets, exceptions
-from .api import load, svm
-from .compare import compare
-from .gpfit import GPFit, gpsvm
-from .linear_response import linear_response
-from .priors import LaplaceZero
+from vbsvm import datasets, exceptions
+from vbsvm._version import __version__
+from vbsvm.fitting.gp import gpsvm
+from vbsvm.fitting.svm import load, svm
+from vbsvm.models.priors import LaplaceZero
+from vbsvm.posterior.linear_response import linear_response
+from vbsvm.results.compare import compare
+from vbsvm.results.gp import GPFit
 
 __all__ = ["svm", "gpsvm", "load", "compare", "linear_response", "LaplaceZero", "GPFit", "datasets", "exceptions", "__version__"]

@@ -143,7 +143,7 @@ def _add_sampling(p, chains=4, draws=1000, tune=None):
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``vbsvm`` command."""
-    from . import __version__
+    from vbsvm._version import __version__
 
     parser = _Parser(prog="vbsvm", description=MAIN_DESCRIPTION, epilog=MAIN_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,7 +250,7 @@ def _save_plot(obj, path):
 # ====================================================================== commands
 def _formula(text):
     """The formula argument, read from a file for ``@FILE``, checked against the whitelist."""
-    from .formula_safety import MAX_FORMULA_LENGTH, check_formula
+    from vbsvm.formula.safety import MAX_FORMULA_LENGTH, check_formula
 
     if text.startswith("@"):
         path = text[1:]
@@ -279,7 +279,7 @@ def cmd_fit(args):
     if args.prior == "laplace-zero":
         LaplaceZero = getattr(vbsvm, "LaplaceZero", None)
         if LaplaceZero is None:
-            from .priors import LaplaceZero
+            from vbsvm.models.priors import LaplaceZero
         kwargs["prior"] = LaplaceZero() if args.rho is None else LaplaceZero(rho=args.rho)
     try:
         fit = vbsvm.svm(formula, data=df, **kwargs)
@@ -316,7 +316,7 @@ def cmd_compare(args):
     if args.inclusion and not any(hasattr(f, "inclusion") for f in fits):
         raise CLIError("--inclusion plots the inclusion probabilities of Laplace-zero fits, and none of "
                        "the files holds one (fit with --prior laplace-zero); leave out --inclusion")
-    from .compare import compare
+    from vbsvm.results.compare import compare
 
     cmp = compare(*fits, names=names)
     _print(cmp.to_text(ranef=args.ranef, lr=not args.no_lr))
@@ -336,8 +336,7 @@ def _plots(cmp, args):
 
 def cmd_demo(args):
     import vbsvm
-
-    from .compare import compare
+    from vbsvm.results.compare import compare
 
     toenail = vbsvm.datasets.load("toenail")
     kw = _sampling_kwargs(args)
@@ -368,7 +367,7 @@ def cmd_demo(args):
     _print("Reading: the default VB (EP over a grid of the variance) takes well under a second and\n"
            "agrees with the exact sampler: compare diff_sd, sd_ratio and accuracy above. The paper's\n"
            "mean-field VB (method='meanfield') puts this variance near a third of Gibbs' and its sds\n"
-           "near half; check any fast fit with vbsvm.compare() before trusting its intervals.")
+           "near half; check any fast fit with vbsvm.results.compare() before trusting its intervals.")
     _plots(cmp, args)
     return 0
 
@@ -409,7 +408,7 @@ def main(argv=None) -> int:
     except Exception as exc:  # every error is one line unless --traceback
         if traceback:
             raise
-        from .exceptions import VbsvmError
+        from vbsvm.exceptions import VbsvmError
 
         if isinstance(exc, (CLIError, VbsvmError)):
             msg = _one_line(exc)

@@ -32,9 +32,9 @@ except ImportError as err:  # pragma: no cover - exercised by a test that hides 
         "pip install scikit-learn (or pip install --upgrade scikit-learn)"
     ) from err
 
-from .api import svm
-from .exceptions import InputError, InputTypeError
-from .gpfit import gpsvm
+from vbsvm.exceptions import InputError, InputTypeError
+from vbsvm.fitting.gp import gpsvm
+from vbsvm.fitting.svm import svm
 
 __all__ = ["BayesianSVC"]
 
@@ -85,7 +85,7 @@ class BayesianSVC(ClassifierMixin, BaseEstimator):
         Number of columns of ``X`` seen in :meth:`fit`.
     feature_names_in_ : ndarray of str
         Column names of ``X`` (only when ``X`` was a DataFrame with string column names).
-    fit_ : vbsvm.results.Fit or vbsvm.GPFit
+    fit_ : vbsvm.results.fit.Fit or vbsvm.GPFit
         The vbsvm fit, on the response coded 0/1 (1 = ``classes_[1]``).
 
     See Also

@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from .exceptions import InputError, InputTypeError
+from vbsvm.exceptions import InputError, InputTypeError
 
 __all__ = ["integer", "positive_float", "probability", "level", "seed", "penalty", "choice"]
 

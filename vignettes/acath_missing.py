@@ -57,7 +57,7 @@ import vbsvm  # noqa: E402
 from _vignette import (  # noqa: E402
     add_common_arguments, ber, markdown_table, output_dirs, parse_args, show_figure, show_markdown,
 )
-from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning  # noqa: E402
+from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
 
 parser = argparse.ArgumentParser(description="Missing predictors imputed inside the Bayesian SVM (acath).")
 add_common_arguments(parser, quick_help="2 splits of 1000 random patients, Gibbs 1 chain x (100 + 100) (seconds)")

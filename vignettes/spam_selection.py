@@ -40,7 +40,7 @@ import vbsvm  # noqa: E402
 from _vignette import (  # noqa: E402
     add_common_arguments, markdown_table, output_dirs, parse_args, show_figure, show_markdown,
 )
-from vbsvm.plots import plot_elbo, plot_inclusion_comparison  # noqa: E402
+from vbsvm.results.plots import plot_elbo, plot_inclusion_comparison
 
 parser = argparse.ArgumentParser(description="Variable selection for spam with the Laplace-zero prior.")
 add_common_arguments(parser, quick_help="Gibbs 2 chains x (100 + 100) (seconds)")

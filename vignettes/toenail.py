@@ -48,7 +48,7 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 
 import vbsvm  # noqa: E402
 from _vignette import add_common_arguments, ber, output_dirs, parse_args, show_figure, show_markdown  # noqa: E402
-from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning  # noqa: E402
+from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
 
 parser = argparse.ArgumentParser(description="Toenail: random-intercept Bayesian SVMs against a tuned linear SVM.")
 add_common_arguments(parser, quick_help="3 splits, short chains, coarse grids (seconds)")

@@ -25,9 +25,9 @@ This subpackage imports nothing else from :mod:`vbsvm`; its error classes
 live in :mod:`vbsvm.datasets._errors`.
 """
 
-from ._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
-from .loaders import available, load, snake_case
-from .simulate import simulate_grouped, simulate_luts, simulate_mcar, simulate_sparse
+from vbsvm.datasets._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
+from vbsvm.datasets.loaders import available, load, snake_case
+from vbsvm.datasets.simulate import simulate_grouped, simulate_luts, simulate_mcar, simulate_sparse
 
 __all__ = [
     "load",

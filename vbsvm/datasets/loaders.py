@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
+from vbsvm.datasets._errors import DataFormatError, DataNotFoundError, UnknownDatasetError
 
 __all__ = ["load", "available", "snake_case", "ENV_VAR"]
 

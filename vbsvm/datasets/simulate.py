@@ -17,11 +17,10 @@ linear predictor ``eta``. Nothing here is drawn from a real data set.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 
-from .. import validation
+from vbsvm import validation
 
 __all__ = ["simulate_luts", "simulate_sparse", "simulate_grouped", "simulate_mcar", "Truth"]
 

@@ -5,11 +5,11 @@ arrays in its result class.
 ======================================  =====================================  ===========================
 model                                   built from                             result
 ======================================  =====================================  ===========================
-linear SVM (penalty, random effects)    :class:`~vbsvm.models.linear.LinearSVMModel`     :class:`~vbsvm.results.Fit`
-Laplace-zero selection                  :class:`~vbsvm.models.selection.LaplaceZeroModel` :class:`~vbsvm.selection_fit.SelectionFit`
-missing predictors imputed              :class:`~vbsvm.models.missing.CutImputedSVMModel` :class:`~vbsvm.imputed_fit.ImputedFit`
+linear SVM (penalty, random effects)    :class:`~vbsvm.models.linear.LinearSVMModel`     :class:`~vbsvm.results.fit.Fit`
+Laplace-zero selection                  :class:`~vbsvm.models.selection.LaplaceZeroModel` :class:`~vbsvm.results.selection.SelectionFit`
+missing predictors imputed              :class:`~vbsvm.models.missing.CutImputedSVMModel` :class:`~vbsvm.results.imputed.ImputedFit`
                                         (or the paper's joint model)
-Laplace-zero + imputation               both                                   :class:`~vbsvm.selection_fit.ImputedSelectionFit`
+Laplace-zero + imputation               both                                   :class:`~vbsvm.results.selection.ImputedSelectionFit`
 ======================================  =====================================  ===========================
 
 Random effects (intercepts and slopes) are blocks of every model. Each builder says how its
@@ -25,19 +25,31 @@ import warnings
 
 import numpy as np
 
-from .exceptions import ConvergenceWarning, InputError
-from .inference import dispatch
-from .inference import pooled
-from .inference.dispatch import Readout
-from .inference.ep import fit_calibrated
-from .inference.ep_selection import fit_calibrated_selection
-from .inference.failures import numerical_failures
-from .inference.threads import limit_blas
-from .models.linear import LinearSVMModel, covariance_arrays, fixed_effect_precision, meanfield_posterior, \
-    random_effect_terms
-from .models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, hyperparameters, imputation_spec
-from .models.selection import LaplaceZeroModel, selection_setup
-from .results import Fit, ThetaLayout
+from vbsvm.exceptions import ConvergenceWarning, InputError
+from vbsvm.inference import dispatch, pooled
+from vbsvm.inference.dispatch import Readout
+from vbsvm.inference.ep import fit_calibrated
+from vbsvm.inference.ep_selection import fit_calibrated_selection
+from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.threads import limit_blas
+from vbsvm.models.linear import (
+    LinearSVMModel,
+    covariance_arrays,
+    fixed_effect_precision,
+    meanfield_posterior,
+    random_effect_terms,
+)
+from vbsvm.models.missing import (
+    CUT_SVM_SWEEPS,
+    CutImputedSVMModel,
+    ImputedSVMModel,
+    hyperparameters,
+    imputation_spec,
+)
+from vbsvm.models.selection import LaplaceZeroModel, selection_setup
+from vbsvm.results.fit import Fit, ThetaLayout
+from vbsvm.results.imputed import ImputedFit
+from vbsvm.results.selection import ImputedSelectionFit, SelectionFit
 
 __all__ = ["fit_design", "fit_linear", "fit_laplace_zero", "fit_imputed", "random_effects_label"]
 
@@ -47,14 +59,14 @@ def fit_design(design, settings, prior=None):
 
     Parameters
     ----------
-    design : vbsvm.design.Design
+    design : vbsvm.formula.design.Design
     settings : dict
         The checked settings of :func:`vbsvm.svm`.
     prior : vbsvm.LaplaceZero, optional
 
     Returns
     -------
-    vbsvm.results.Fit
+    vbsvm.results.fit.Fit
         Or the subclass of the model (see the module docstring).
     """
     if settings.get("missing") == "impute":
@@ -125,14 +137,13 @@ def fit_laplace_zero(design, settings, prior):
 
     Returns
     -------
-    vbsvm.selection_fit.SelectionFit
+    vbsvm.results.selection.SelectionFit
 
     Raises
     ------
     vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
         As :func:`~vbsvm.models.selection.selection_setup`.
     """
-    from .selection_fit import SelectionFit
 
     method = settings["method"]
     select, rho = selection_setup(design, settings, prior)
@@ -272,7 +283,7 @@ def fit_imputed(design, settings, prior=None):
 
     Parameters
     ----------
-    design : vbsvm.design.Design
+    design : vbsvm.formula.design.Design
         Built with ``missing="impute"`` (NaN in the missing entries of ``design.X``).
     settings : dict
         Validated settings of :func:`vbsvm.svm`. Optional keys ``sigma2_mu``, ``Psi`` (number
@@ -289,8 +300,8 @@ def fit_imputed(design, settings, prior=None):
 
     Returns
     -------
-    vbsvm.imputed_fit.ImputedFit
-        (:class:`vbsvm.selection_fit.ImputedSelectionFit` with ``prior``).
+    vbsvm.results.imputed.ImputedFit
+        (:class:`vbsvm.results.selection.ImputedSelectionFit` with ``prior``).
     """
     method = settings["method"]
     if method not in ("vb", "gibbs"):
@@ -446,12 +457,29 @@ def _calibrated_imputation(model, settings, from_vb):
 
 
 def _imputed_fit_class(prior):
-    """:class:`~vbsvm.selection_fit.ImputedSelectionFit` with a Laplace-zero ``prior``, else
-    :class:`~vbsvm.imputed_fit.ImputedFit`."""
+    """:class:`~vbsvm.results.selection.ImputedSelectionFit` with a Laplace-zero ``prior``, else
+    :class:`~vbsvm.results.imputed.ImputedFit`."""
     if prior is None:
-        from .imputed_fit import ImputedFit
 
         return ImputedFit
-    from .selection_fit import ImputedSelectionFit
 
     return ImputedSelectionFit
+
+
+def check_re_prior(design, settings, prior):
+    """The IW prior of every random-effect term with slopes must fit its dimension."""
+    for g in design.groups:
+        if g.q == 1:
+            continue
+        if settings["re_df"] is not None and not settings["re_df"] > g.q - 1:
+            raise InputError(f"re_df must exceed q - 1 = {g.q - 1} for the term ({g.lhs} | {g.name}) with "
+                             f"{g.q} columns; got {settings['re_df']}.")
+        if settings["re_scale"] is not None:
+            S = np.asarray(settings["re_scale"])
+            if S.shape != (g.q, g.q) or not np.allclose(S, S.T) or np.any(np.linalg.eigvalsh(S) <= 0):
+                raise InputError(f"re_scale must be a symmetric positive definite {g.q} x {g.q} matrix for the "
+                                 f"term ({g.lhs} | {g.name}); got shape {S.shape}.")
+    if any(g.q > 1 or not g.is_intercept for g in design.groups) and settings["missing"] == "impute" \
+            and settings.get("imputation", "conditional") == "joint":
+        raise InputError("random slopes are not supported with imputation='joint' (the paper's model); use "
+                         "imputation='conditional' (the default), random intercepts (1 | g), or drop the slope term.")

@@ -1,5 +1,5 @@
 """Public entry points: :func:`svm` and :func:`load` (argument checking; the fit itself is
-:func:`vbsvm.fitting.fit_design`)."""
+:func:`vbsvm.fitting.builders.fit_design`)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,19 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from . import validation
-from .design import build_design
-from .exceptions import DiagnosticWarning, InputError
-from .fitting import fit_design
-from .inference.threads import limit_blas
-from .models.linear import row_blocks
-from .results import Fit, fit_probit_calibration
+from vbsvm import validation
+from vbsvm.exceptions import DiagnosticWarning, InputError
+from vbsvm.fitting.builders import check_re_prior, fit_design
+from vbsvm.fitting.dask import svm_dask
+from vbsvm.formula.design import build_design
+from vbsvm.inference.threads import limit_blas
+from vbsvm.io.fit_file import check_loaded, read_fit_file, refusing
+from vbsvm.models.linear import row_blocks
+from vbsvm.results.fit import Fit, fit_probit_calibration
+from vbsvm.results.gp import GPFit
+from vbsvm.results.imputed import ImputedFit
+from vbsvm.results.selection import SelectionFit
+from vbsvm.sources.dask_frames import is_dask_frame
 
 __all__ = ["svm", "load"]
 
@@ -34,7 +40,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     data : pandas.DataFrame or dask.dataframe.DataFrame
         The data (never modified). A Dask DataFrame (``pip install "vbsvm[dask]"``) is fitted
         out of core / on a cluster by ``method="meanfield"``, each sweep a map-reduce over its
-        partitions, with the in-memory fit's result (:mod:`vbsvm.dask_backend`); the other methods,
+        partitions, with the in-memory fit's result (:mod:`vbsvm.fitting.dask`); the other methods,
         ``prior`` and ``missing="impute"`` are refused there with a message.
     method : {"vb", "meanfield", "gibbs", "map"}
         ``"vb"``: the calibrated fast approximation — expectation propagation on the hinge
@@ -83,14 +89,14 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         ``chains x draws`` is the shape of the iid draws from q stored by ``to_arviz()``.
         ``tune=None`` (default): 1000 sweeps, or 2000 with ``prior=LaplaceZero(...)``, whose
         model jumps list the models that the chains visit during tuning
-        (:mod:`vbsvm.inference.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20 seeds reach
+        (:mod:`vbsvm.mcmc.model_jumps`): on breast_cancer at 4 x 2000, 15 of 20 seeds reach
         max R-hat <= 1.05 over the indicators after 1000 tuning sweeps, 19 of 20 after 2000, and
         all of 20 held-out seeds (``benchmarks/results/spam_selection.json``). With
         ``missing="impute"`` it stays 1000: each tuning sweep then makes 20 of the Laplace-zero
         block's sweeps (:func:`default_tune`).
     max_draws : int, optional
         Gibbs: adaptive run length. After ``draws``, if the summary parameters (fixed effects and
-        variance components, :meth:`~vbsvm.results.Fit.summary_diagnostics`) miss max R-hat <=
+        variance components, :meth:`~vbsvm.results.fit.Fit.summary_diagnostics`) miss max R-hat <=
         1.01 or min bulk ESS >= 400, every chain continues from exactly where it stopped (same
         state, same random stream, the kernel fixed after tuning: the draws are those of a
         longer run) for more draws, sized from the ESS shortfall, until the targets hold or the
@@ -107,8 +113,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     n_jobs : int
         Processes for Gibbs chains (results do not depend on it). Workers start by ``fork`` on
         Linux, so a script needs no ``if __name__ == "__main__":`` guard there (elsewhere it does,
-        and a worker that dies says so). Starting two workers costs about 0.2 s, so it pays only
-        for runs of several seconds per chain; on a busy 2-core machine it gained nothing.
+        and a worker that dies says so). Starting the workers costs a fraction of a second, so it
+        pays only for runs of several seconds per chain.
     tol, max_iter, accelerate
         VB convergence: relative ELBO change, sweeps, SQUAREM acceleration. MAP uses ``tol`` on
         the relative change of the log posterior.
@@ -140,7 +146,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
 
     Returns
     -------
-    vbsvm.results.Fit
+    vbsvm.results.fit.Fit
     """
     settings = _settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
                          draws=draws, max_draws=max_draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
@@ -155,11 +161,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                     checkpoint=None if checkpoint is None else str(checkpoint),
                     re_scale=None if re_scale is None else np.asarray(re_scale, dtype=float).tolist())
     if _is_dask_frame(data):
-        from .dask_backend import svm_dask
 
         return svm_dask(formula, data, settings, prior=prior, persist=persist)
     design = build_design(formula, data, standardize=standardize, missing=missing)
-    _check_re_prior(design, settings, prior)
+    check_re_prior(design, settings, prior)
     warn_about_data(design, separability=settings["penalty"] is None)
     fit = fit_design(design, settings, prior)
     # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
@@ -172,28 +177,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
 
 
 def _is_dask_frame(data) -> bool:
-    from .dask_backend import is_dask_frame
 
     return is_dask_frame(data)
-
-
-def _check_re_prior(design, settings, prior):
-    """The IW prior of every random-effect term with slopes must fit its dimension."""
-    for g in design.groups:
-        if g.q == 1:
-            continue
-        if settings["re_df"] is not None and not settings["re_df"] > g.q - 1:
-            raise InputError(f"re_df must exceed q - 1 = {g.q - 1} for the term ({g.lhs} | {g.name}) with "
-                             f"{g.q} columns; got {settings['re_df']}.")
-        if settings["re_scale"] is not None:
-            S = np.asarray(settings["re_scale"])
-            if S.shape != (g.q, g.q) or not np.allclose(S, S.T) or np.any(np.linalg.eigvalsh(S) <= 0):
-                raise InputError(f"re_scale must be a symmetric positive definite {g.q} x {g.q} matrix for the "
-                                 f"term ({g.lhs} | {g.name}); got shape {S.shape}.")
-    if any(g.q > 1 or not g.is_intercept for g in design.groups) and settings["missing"] == "impute" \
-            and settings.get("imputation", "conditional") == "joint":
-        raise InputError("random slopes are not supported with imputation='joint' (the paper's model); use "
-                         "imputation='conditional' (the default), random intercepts (1 | g), or drop the slope term.")
 
 
 def _names(cols, k=8):
@@ -313,18 +298,18 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
 def load(path):
     """Load a fit saved with ``fit.save(path)``.
 
-    Loading never runs code from the file: it is read as data (see :mod:`vbsvm.fit_file`), the
-    stored formula must pass :func:`vbsvm.formula_safety.check_formula` before formulaic parses
+    Loading never runs code from the file: it is read as data (see :mod:`vbsvm.io.fit_file`), the
+    stored formula must pass :func:`vbsvm.formula.safety.check_formula` before formulaic parses
     it, and no file handle stays open, whatever the outcome.
 
     Parameters
     ----------
     path : str or pathlib.Path
-        A file written by :meth:`vbsvm.results.Fit.save` or :meth:`vbsvm.GPFit.save`.
+        A file written by :meth:`vbsvm.results.fit.Fit.save` or :meth:`vbsvm.GPFit.save`.
 
     Returns
     -------
-    vbsvm.results.Fit or vbsvm.GPFit
+    vbsvm.results.fit.Fit or vbsvm.GPFit
         The fit, of the class that saved it.
 
     Raises
@@ -334,22 +319,18 @@ def load(path):
         anything a fit does not (extra groups, attributes of the wrong type, a formula outside the
         whitelist, inconsistent arrays); the message names the file and the fault.
     """
-    from .fit_file import check_loaded, read_fit_file, refusing
 
     kind, tree = read_fit_file(path)
     with refusing(path):
         if kind == "linear":
             fit = Fit.from_datatree(tree)
         elif kind == "selection":
-            from .selection_fit import SelectionFit
 
             fit = SelectionFit.from_datatree(tree)
         elif kind == "imputed":
-            from .imputed_fit import ImputedFit
 
             fit = ImputedFit.from_datatree(tree)
         else:
-            from .gpfit import GPFit
 
             fit = GPFit.from_datatree(tree)
         check_loaded(fit)

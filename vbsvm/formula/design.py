@@ -33,14 +33,14 @@ import re
 import warnings
 from dataclasses import dataclass, field
 
+import formulaic
 import numpy as np
 import pandas as pd
-import formulaic
 from formulaic.errors import FactorEvaluationError, FormulaicError
 
-from .exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
+from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
 
-__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS", "design_to_text", "design_from_text"]
+__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS"]
 
 MISSING_ACTIONS = ("drop", "raise", "impute")
 
@@ -251,7 +251,7 @@ class Design:
         -------
         X : numpy.ndarray, shape (len(newdata), p)
         """
-        newdata = _check_frame(newdata, "newdata")
+        newdata = check_frame(newdata, "newdata")
         needed = list(self.fixed_vars) if self.fixed_vars is not None else sorted(
             set(self.raw.columns) - {self.response} - {g.name for g in self.groups})
         absent = [c for c in needed if c not in newdata.columns]
@@ -260,7 +260,7 @@ class Design:
                 f"newdata lacks the column(s) {absent} that the formula {self.formula!r} uses; "
                 "pass a frame with the same predictor columns as the training data."
             )
-        categorical = set(_categorical_calls(self.formula))
+        categorical = set(categorical_calls(self.formula))
         for c in needed:
             if c in self.raw.columns and (c in categorical or not pd.api.types.is_numeric_dtype(self.raw[c])):
                 seen = set(pd.unique(self.raw[c].dropna()).tolist())
@@ -291,7 +291,7 @@ class Design:
                 raise InputError(f"could not build the design for newdata: {_formulaic_text(exc)}") from None
         # one copy of the rows, in Fortran order, then checked and standardized in place (a plain
         # spec's matrix is already a new array of its own; formulaic's frame may share newdata's columns)
-        X = np.asarray(mm, dtype=float, order="F") if isinstance(self.spec, _PlainSpec) else \
+        X = np.asarray(mm, dtype=float, order="F") if isinstance(self.spec, PlainSpec) else \
             np.array(mm, dtype=float, order="F")
         del mm
         infinite = [j for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]
@@ -354,7 +354,7 @@ class Design:
 # --------------------------------------------------------------------------- parsing
 
 
-def _check_frame(data, name: str) -> pd.DataFrame:
+def check_frame(data, name: str) -> pd.DataFrame:
     if not isinstance(data, pd.DataFrame):
         package = (type(data).__module__ or "").split(".")[0]
         got = type(data).__name__ if package in ("", "builtins") else f"{package}.{type(data).__name__}"
@@ -377,12 +377,12 @@ def _formulaic_text(exc) -> str:
 
 def _spaced_names_hint(text: str, columns) -> str:
     """A hint for column names that need backquotes and appear bare in the formula ``text``."""
-    bare = [c for c in map(str, columns) if _quote(c) != c and c in text and f"`{c}`" not in text]
-    return (f" Backquote column names that are not Python names: {', '.join(_quote(c) for c in bare)}."
+    bare = [c for c in map(str, columns) if quote_name(c) != c and c in text and f"`{c}`" not in text]
+    return (f" Backquote column names that are not Python names: {', '.join(quote_name(c) for c in bare)}."
             if bare else "")
 
 
-def _quote(name: str) -> str:
+def quote_name(name: str) -> str:
     if name.isidentifier() and not keyword.iskeyword(name):
         return name
     return "`" + name.replace("`", "") + "`"
@@ -492,7 +492,7 @@ def _expand_dot(fixed: str, columns, response: str, groups) -> str:
     others = [c for c in columns if c != response and c not in groups]
     if not others:
         raise FormulaError("'.' in the formula found no predictor columns besides the response.")
-    dot = "(" + " + ".join(_quote(str(c)) for c in others) + ")"
+    dot = "(" + " + ".join(quote_name(str(c)) for c in others) + ")"
     return re.sub(r"(?<![\w.`])\.(?![\w.`])", dot, fixed)
 
 
@@ -501,7 +501,7 @@ _PLAIN_SUM = re.compile(rf"^\s*(?:(1|0)\s*\+\s*)?\(?\s*({_NAME}(?:\s*\+\s*{_NAME
 
 
 @dataclass
-class _PlainSpec:
+class PlainSpec:
     """Model spec of a formula that is a plain sum of numeric columns (``y ~ x1 + x2``, ``y ~ .``)."""
 
     columns: list
@@ -543,7 +543,7 @@ def _plain_numeric_columns(rhs: str, raw: pd.DataFrame):
     return cols, not (lead == "0" or drop is not None)
 
 
-def _categorical_calls(formula: str) -> list:
+def categorical_calls(formula: str) -> list:
     """Columns the formula marks as categorical with ``C(column ...)``."""
     return [m.strip("`") for m in re.findall(r"(?<![\w.])C\(\s*(`[^`]+`|[A-Za-z_][\w.]*)", formula)]
 
@@ -646,7 +646,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     -------
     Design
     """
-    data = _check_frame(data, "data")
+    data = check_frame(data, "data")
     if missing not in MISSING_ACTIONS:
         raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
     if len(data) == 0:
@@ -717,7 +717,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     if plain is not None:
         # A sum of numeric columns: the model matrix is the columns themselves (formulaic would
         # give the same matrix, at ~1 ms per column).
-        spec = _PlainSpec(*plain)
+        spec = PlainSpec(*plain)
         names = spec.column_names
         X = spec.matrix(raw)
     else:
@@ -857,25 +857,3 @@ def _random_effect_terms(re_terms, raw: pd.DataFrame, missing: str) -> list:
                                       Zs if Zs is None else np.asfortranarray(Zs), spec,
                                       None if len(sel) == len(cols) else sel))
     return out
-
-
-# --------------------------------------------------------------------------- serialization
-
-
-def design_to_text(design: Design) -> str:
-    """The design without its training rows (formula, levels, standardization, formulaic's state),
-    as JSON text (see :mod:`vbsvm.design_data`).
-
-    Used by fits that do not keep their data (e.g. streamed GP fits) to rebuild
-    :meth:`Design.new_X` after :func:`vbsvm.load`.
-    """
-    from .design_data import dumps
-
-    return dumps(design)
-
-
-def design_from_text(text: str) -> Design:
-    """Inverse of :func:`design_to_text`: plain data, the formula checked, nothing evaluated or unpickled."""
-    from .design_data import loads
-
-    return loads(text)

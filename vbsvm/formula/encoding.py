@@ -1,4 +1,4 @@
-"""A :class:`~vbsvm.design.Design` without its rows, as plain JSON data.
+"""A :class:`~vbsvm.formula.design.Design` without its rows, as plain JSON data.
 
 Fits that do not keep their training rows (GP fits, which may stream their data) still need the
 design to turn new data frames into model matrices after :func:`vbsvm.load`: the formula, the
@@ -7,7 +7,7 @@ state formulaic learned from the data (categorical levels, the centre/scale of `
 knots of ``bs()``, ...). All of it is numbers, strings and lists, so it is stored as JSON and
 rebuilt without unpickling or evaluating anything:
 
-* the formula is checked by :func:`vbsvm.formula_safety.check_formula` before formulaic parses it;
+* the formula is checked by :func:`vbsvm.formula.safety.check_formula` before formulaic parses it;
 * formulaic's ``transform_state`` (nested dicts, possibly with integer keys, numbers, lists,
   numeric arrays) is stored with a small tagged encoding (:func:`to_data` / :func:`from_data`)
   that can only produce those types;
@@ -24,8 +24,9 @@ import pandas as pd
 from formulaic import ModelSpec
 from formulaic.parser.types import Factor
 
-from .exceptions import FitFileError
-from .formula_safety import check_formula
+from vbsvm.exceptions import FitFileError
+from vbsvm.formula.design import MISSING_ACTIONS, Design, GroupingFactor, PlainSpec, quote_name
+from vbsvm.formula.safety import check_formula
 
 __all__ = ["design_to_data", "design_from_data", "dumps", "loads", "to_data", "from_data"]
 
@@ -88,10 +89,9 @@ def _hashable(key):
 # ===================================================================== the design
 def design_to_data(design) -> dict:
     """The design without its rows, as a JSON-able dict (see the module docstring)."""
-    from .design import _PlainSpec
 
     spec = design.spec
-    if isinstance(spec, _PlainSpec):
+    if isinstance(spec, PlainSpec):
         spec_data = {"plain": {"columns": list(spec.columns), "intercept": bool(spec.intercept)}}
     else:
         spec_data = {"formulaic": {
@@ -115,10 +115,9 @@ def design_to_data(design) -> dict:
 
 def _rhs_text(formula):
     """Formula text of formulaic's parsed right-hand side, with names quoted where needed."""
-    from .design import _quote
 
     def factor(f):
-        return _quote(f.expr) if f.eval_method == Factor.EvalMethod.LOOKUP else f.expr
+        return quote_name(f.expr) if f.eval_method == Factor.EvalMethod.LOOKUP else f.expr
 
     terms = [":".join(factor(f) for f in term.factors) for term in formula]
     return " + ".join(terms if "1" in terms else ["0"] + terms)
@@ -144,7 +143,6 @@ def design_from_data(data: dict):
     vbsvm.exceptions.FitFileError
         If a field is missing or of the wrong type, or the formula is outside the whitelist.
     """
-    from .design import Design, GroupingFactor, MISSING_ACTIONS, _PlainSpec
 
     try:
         names = _strings(data["column_names"], "column_names")
@@ -161,7 +159,7 @@ def design_from_data(data: dict):
         groups = [GroupingFactor(g["name"], np.array(from_data(g["levels"]), dtype=object), np.zeros(0, np.int64))
                   for g in data["groups"]]
         raw = _empty_frame(data["raw"])
-        spec = _spec_from_data(data["spec"], _PlainSpec)
+        spec = _spec_from_data(data["spec"], PlainSpec)
     except (KeyError, TypeError, AttributeError) as exc:
         raise FitFileError(f"the saved design is incomplete ({type(exc).__name__}: {exc}).") from None
     if not all(isinstance(g.name, str) for g in groups):
@@ -228,13 +226,19 @@ def _spec_from_data(data, plain_spec):
                      encoder_state=encoder_state)
 
 
-def dumps(design) -> str:
-    """:func:`design_to_data` as a JSON string."""
+def design_to_text(design) -> str:
+    """The design without its training rows (formula, levels, standardization, formulaic's state),
+    as JSON text (:func:`design_to_data`).
+
+    Used by fits that do not keep their data (e.g. streamed GP fits) to rebuild
+    :meth:`~vbsvm.formula.design.Design.new_X` after :func:`vbsvm.load`.
+    """
     return json.dumps(design_to_data(design))
 
 
-def loads(text: str):
-    """:func:`design_from_data` of a JSON string."""
+def design_from_text(text: str):
+    """Inverse of :func:`design_to_text` (:func:`design_from_data` of a JSON string): plain data,
+    the formula checked, nothing evaluated or unpickled."""
     try:
         data = json.loads(text)
     except (TypeError, ValueError, RecursionError) as exc:

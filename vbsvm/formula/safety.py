@@ -37,7 +37,7 @@ from __future__ import annotations
 import ast
 import re
 
-from .exceptions import FormulaError, InputTypeError
+from vbsvm.exceptions import FormulaError, InputTypeError
 
 __all__ = ["check_formula", "ALLOWED_FUNCTIONS", "NUMPY_FUNCTIONS", "MAX_FORMULA_LENGTH", "MAX_STRING_LENGTH"]
 
@@ -96,7 +96,7 @@ def check_formula(formula, *, what="formula"):
     Raises
     ------
     vbsvm.exceptions.FormulaError
-        If the formula uses anything outside the whitelist described in :mod:`vbsvm.formula_safety`;
+        If the formula uses anything outside the whitelist described in :mod:`vbsvm.formula.safety`;
         the message names the offending part.
     vbsvm.exceptions.InputTypeError
         If ``formula`` is not a string.
@@ -184,7 +184,7 @@ class _Checker(ast.NodeVisitor):
     def refuse(self, part, why):
         raise FormulaError(f"{self.what} {_shorten(self.formula)} is refused: {part} {why}. A formula may use "
                            f"column names, numbers, formula operators and the functions {_FUNCTION_LIST} "
-                           "(see vbsvm.formula_safety).")
+                           "(see vbsvm.formula.safety).")
 
     def generic_visit(self, node):
         self.refuse(f"'{self.source(node)}'", f"({type(node).__name__}) is not allowed in a formula")

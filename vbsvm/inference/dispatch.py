@@ -16,9 +16,9 @@ reports (``info``):
 * ``"map"``: EM for the posterior mode (:func:`vbsvm.inference.mode.posterior_mode`), read by
   ``from_mode``.
 
-Models never import engines or result classes: the fitting layer (:mod:`vbsvm.fitting`) builds
+Models never import engines or result classes: the fitting layer (:mod:`vbsvm.fitting.builders`) builds
 a model and its readout, calls :func:`fit` and wraps the arrays in a result class. The sparse-GP
-SVM has its own engines (batch VB, SVI, Gibbs) and dispatch in :func:`vbsvm.gpfit.fit_gp`.
+SVM has its own engines (batch VB, SVI, Gibbs) and dispatch in :func:`vbsvm.fitting.gp.fit_gp`.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..exceptions import InputError
-from .failures import numerical_failures
-from .gibbs import run_chains
-from .mode import posterior_mode
-from .vb import coordinate_ascent
+from vbsvm.exceptions import InputError
+from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.gibbs import run_chains
+from vbsvm.inference.mode import posterior_mode
+from vbsvm.inference.vb import coordinate_ascent
 
 __all__ = ["APPROXIMATIONS", "Readout", "fit", "record_run_length"]
 

@@ -90,10 +90,10 @@ import warnings
 import numpy as np
 from scipy.special import gammaln, log_ndtr
 
-from ..distributions import InverseWishart
-from ..exceptions import ConvergenceWarning
-from ..spd import pack_spd, spd_inverse, unpack_spd
-from .threads import limit_blas
+from vbsvm.distributions import InverseWishart
+from vbsvm.exceptions import ConvergenceWarning
+from vbsvm.inference.threads import limit_blas
+from vbsvm.spd import pack_spd, spd_inverse, unpack_spd
 
 __all__ = ["tilted_moments", "tilted_log_normalizer", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
            "integrate_variances", "corrected_marginals", "local_intercept_marginals", "fit_calibrated",

@@ -58,7 +58,7 @@ term and of its most correlated partner (:func:`pair_corrected_inclusion`; of th
 slab's mean and variance) is carried to the other points. Over the grid they are mixed by the
 grid weights. The fit stores them in the spike-and-slab form of the mean-field fit: the slab as
 a Gaussian with those moments and with the correlations of the EP Gaussian
-(:class:`~vbsvm.posterior.SpikeSlabApproximation` reads both the same way).
+(:class:`~vbsvm.posterior.representations.SpikeSlabApproximation` reads both the same way).
 
 Measured against Gibbs (``benchmarks/spam_selection.py``): see the README, section "VB against
 MCMC".
@@ -73,12 +73,21 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import expit, log_ndtr, logit
 
-from ..exceptions import ConvergenceWarning
-from ..spd import spd_inverse
-from .ep import EP_CORRECT_MAX_N, _Evidence, _moments, _sparse_block_moments, \
-    expectation_propagation, integrate_variances, inverse_gamma_match, log_site_corrections, log_site_ratios, \
-    score_covariances
-from .threads import limit_blas
+from vbsvm.exceptions import ConvergenceWarning
+from vbsvm.inference.ep import (
+    EP_CORRECT_MAX_N,
+    _Evidence,
+    _moments,
+    _sparse_block_moments,
+    expectation_propagation,
+    integrate_variances,
+    inverse_gamma_match,
+    log_site_corrections,
+    log_site_ratios,
+    score_covariances,
+)
+from vbsvm.inference.threads import limit_blas
+from vbsvm.spd import spd_inverse
 
 __all__ = ["SpikeSlabTilted", "spike_slab_tilted", "SpikeSlabSites", "SpikeSlabEvidence", "corrected_inclusion",
            "pair_corrected_inclusion", "fit_calibrated_selection"]

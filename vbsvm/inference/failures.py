@@ -4,7 +4,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ..exceptions import NumericalError, VbsvmError
+from vbsvm.exceptions import NumericalError, VbsvmError
 
 __all__ = ["numerical_failures"]
 

@@ -67,9 +67,10 @@ from multiprocessing.connection import wait
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..exceptions import InputError, InterruptWarning, WorkerError
-from .failures import numerical_failures
-from .threads import limit_blas
+from vbsvm.exceptions import InputError, InterruptWarning, WorkerError
+from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.threads import limit_blas
+from vbsvm.io.fit_file import replace_atomically
 
 __all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint", "extension_size", "shortfall",
            "RHAT_TARGET", "ESS_TARGET", "DEFAULT_MAX_DRAWS_FACTOR"]
@@ -197,7 +198,6 @@ class Checkpoint:
 
     def save(self, position, state, kept, rng):
         """Write the chain after ``position`` sweeps (state, kept draws, generator) atomically."""
-        from ..fit_file import replace_atomically
 
         arrays = {"meta": np.array(self.meta), "position": np.array(position),
                   "rng": np.array(json.dumps(rng.bit_generator.state))}

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..exceptions import ConvergenceWarning
+from vbsvm.exceptions import ConvergenceWarning
 
 __all__ = ["ModeResult", "posterior_mode"]
 

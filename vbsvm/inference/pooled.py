@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..distributions import InverseGamma, InverseWishart
-from .ep import fit_calibrated
-from .ep_selection import fit_calibrated_selection
-from .vb import VBResult, coordinate_ascent
+from vbsvm.distributions import InverseGamma, InverseWishart
+from vbsvm.inference.ep import fit_calibrated
+from vbsvm.inference.ep_selection import fit_calibrated_selection
+from vbsvm.inference.vb import VBResult, coordinate_ascent
 
 __all__ = ["pooled_vb_cut", "PooledGaussian"]
 

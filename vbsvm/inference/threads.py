@@ -1,11 +1,11 @@
 """BLAS thread limits for the hot loops.
 
 The products inside a VB sweep or a Gibbs scan are small (a q x q Gram matrix of a tall-skinny
-design, a Cholesky of order q or m). On the 2-core machines this package is developed on, two
-OpenBLAS threads made such loops 2-10x *slower* whenever anything else ran (measured: a spam VB
-sweep 30 ms instead of 5 ms, a Gibbs scan at n = 500 10 ms instead of 1 ms, a batch GP fit with
-m = 243 66 s instead of 4 s). So the engines run with one BLAS thread unless one product is
-large enough for threads to pay (``work`` = flops of the largest product, >= 1e9).
+design, a Cholesky of order q or m). For such products, BLAS threads cost more in
+synchronisation than they save, and on a machine with other work running they make the loops
+several times slower (measurements in ``benchmarks/results/tuning_constants.md``). So the engines
+run with one BLAS thread unless one product is large enough for threads to pay (``work`` = flops
+of the largest product, >= 1e9).
 """
 
 from contextlib import nullcontext

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..exceptions import ConvergenceWarning, InterruptWarning
-from .failures import numerical_failures
-from .threads import limit_blas
+from vbsvm.exceptions import ConvergenceWarning, InterruptWarning
+from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.threads import limit_blas
 
 __all__ = ["VBResult", "coordinate_ascent"]
 
@@ -98,7 +98,7 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
 def _extrapolation_norms(model, r, v):
     """``(||r||, ||v||, all of v finite)`` of the SQUAREM differences. A model whose state does not
     live in one array (its per-row part on the partitions of a Dask frame,
-    :mod:`vbsvm.dask_backend`) supplies ``vb_state_norms(r, v)``, which computes all three in
+    :mod:`vbsvm.fitting.dask`) supplies ``vb_state_norms(r, v)``, which computes all three in
     one pass over the data."""
     hook = getattr(model, "vb_state_norms", None)
     if hook is not None:

@@ -1,6 +1,6 @@
 """The fit file: writing it atomically and reading it as data only.
 
-A saved fit is a netCDF-4 (HDF5) file written by :meth:`vbsvm.results.Fit.save` or
+A saved fit is a netCDF-4 (HDF5) file written by :meth:`vbsvm.results.fit.Fit.save` or
 :meth:`vbsvm.GPFit.save`. Reading one must be safe whatever the file holds, because fit files are
 passed around. So :func:`vbsvm.load`
 
@@ -13,8 +13,8 @@ passed around. So :func:`vbsvm.load`
   (:func:`check_loaded`) and checks that the design rebuilt from the stored data matches the
   saved coefficients (:func:`check_rebuilt`);
 * never evaluates text from the file as Python: the stored formula is checked against the
-  whitelist of :mod:`vbsvm.formula_safety` before formulaic parses it, and a saved design is
-  plain JSON data (:mod:`vbsvm.design_data`), never a pickle;
+  whitelist of :mod:`vbsvm.formula.safety` before formulaic parses it, and a saved design is
+  plain JSON data (:mod:`vbsvm.formula.encoding`), never a pickle;
 * turns every failure into :class:`~vbsvm.exceptions.FitFileError` naming the file and what is
   wrong with it (:func:`refusing`).
 
@@ -37,8 +37,9 @@ import warnings
 import numpy as np
 import xarray as xr
 
-from .exceptions import FitFileError, InputError, InputTypeError, VbsvmError
-from .formula_safety import check_formula
+from vbsvm._version import __version__
+from vbsvm.exceptions import FitFileError, InputError, InputTypeError, VbsvmError
+from vbsvm.formula.safety import check_formula
 
 __all__ = ["write_atomically", "replace_atomically", "read_fit_file", "refusing", "check_loaded", "check_storable",
            "check_rebuilt", "check_settings", "FIT_TYPES", "MAX_ATTRIBUTE_CHARS"]
@@ -245,7 +246,6 @@ def _check_tree(tree):
     if kind is None:
         raise FitFileError("a netCDF file but not a vbsvm fit (no 'vbsvm_fit_type' attribute).")
     if not isinstance(kind, str) or kind not in FIT_TYPES:
-        from . import __version__
 
         raise FitFileError(f"a vbsvm file of type {_short(repr(kind), 60)}, which vbsvm {__version__} cannot read; "
                            "upgrade vbsvm or refit the model.")

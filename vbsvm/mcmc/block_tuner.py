@@ -2,12 +2,12 @@ r"""Tuning of the fixed-effect block move of the linear Gibbs sampler: an indepe
 HMC, fitted to the block's moments during tuning, or neither.
 
 Two moves use the block's covariance estimated from its tuning draws. The block independence
-Metropolis-Hastings move (:mod:`vbsvm.inference.independence`) evaluates its proposals in one
+Metropolis-Hastings move (:mod:`vbsvm.mcmc.independence`) evaluates its proposals in one
 matrix product, so where the block's posterior is close to Gaussian it gives a near-independent
 draw per sweep for one pass over the design. Where it is not (its acceptance rate falls below
 ``min_accept`` as the block grows or the hinge bends the posterior: breast_cancer's 31
 coefficients, the Section 4.2 simulation with 50) Hamiltonian Monte Carlo with the covariance as
-metric (:mod:`vbsvm.inference.hmc`) still moves the block as a whole, at one pass per leapfrog
+metric (:mod:`vbsvm.mcmc.hmc`) still moves the block as a whole, at one pass per leapfrog
 step; and where neither is accepted the block keeps its slice moves along principal axes.
 
 **Schedule** (``tune`` sweeps; all of it during tuning, so the kept draws come from one fixed
@@ -45,8 +45,8 @@ import math
 
 import numpy as np
 
-from .hmc import STEP_JITTER, dual_average
-from .independence import StudentTProposal
+from vbsvm.mcmc.hmc import STEP_JITTER, dual_average
+from vbsvm.mcmc.independence import StudentTProposal
 
 __all__ = ["BlockTuner", "shrunk_moments"]
 
@@ -166,7 +166,7 @@ class BlockTuner:
     @staticmethod
     def hmc_step(state, rng) -> float:
         """This transition's step size: the adapted one times a jitter drawn from
-        :data:`~vbsvm.inference.hmc.STEP_JITTER`."""
+        :data:`~vbsvm.mcmc.hmc.STEP_JITTER`."""
         return math.exp(float(state["hmc_log_step"])) * rng.uniform(*STEP_JITTER)
 
     def replaces_slice_moves(self, state) -> bool:
@@ -184,7 +184,7 @@ class BlockTuner:
         return {**state, "imh_tries": state["imh_tries"] + tries, "imh_accepts": state["imh_accepts"] + accepted}
 
     def record_hmc(self, state, accept_prob) -> dict:
-        """Count an HMC transition during a trial and adapt its step (:func:`~vbsvm.inference.hmc.dual_average`)."""
+        """Count an HMC transition during a trial and adapt its step (:func:`~vbsvm.mcmc.hmc.dual_average`)."""
         if self.phase(state) != self.TRYING:
             return state
         t = float(state["hmc_tries"]) + 1.0

@@ -24,7 +24,7 @@ target whatever the force; a force closer to the target's only raises the accept
 sampler uses the gradient of a smoothed hinge (:mod:`vbsvm.models.hinge`), which lets it take
 about twice the step at the same acceptance.
 
-**Tuning** (:class:`vbsvm.inference.block_tuner.BlockTuner`). The metric is the block's
+**Tuning** (:class:`vbsvm.mcmc.block_tuner.BlockTuner`). The metric is the block's
 covariance collected during tuning; the step is adapted by dual averaging towards acceptance
 :data:`TARGET_ACCEPT` (Hoffman & Gelman 2014, Section 3.2.1, :func:`dual_average`) and fixed at
 its average when tuning ends. The trajectory length :math:`n\epsilon` is :data:`TRAJECTORY` in
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 from scipy.linalg.blas import daxpy
 
 __all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "dual_average", "TARGET_ACCEPT",
@@ -46,17 +45,13 @@ __all__ = ["hmc_transition", "whiten", "trajectory_steps", "kinetic_energy", "du
 TARGET_ACCEPT = 0.65
 #: length of a trajectory in whitened units: n_steps = ceil(TRAJECTORY / step), at most MAX_STEPS.
 #: Between a quarter period (pi/2, which maps x to p for a standard normal: an independent draw)
-#: and a half (pi, x to -x): the jitter of the step keeps it away from the periodic pi. Measured
-#: with HMC as the block move, 4 x 2000 after 1000, min bulk ESS per second at 1.5 / 2.0 / 2.5 /
-#: 3.0: heart 1446 / 2202 / 2222 / 2086, Section 4.2 with d = 50: 388 / 541 / 652 / 632.
+#: and a half (pi, x to -x): the jitter of the step keeps it away from the periodic pi. Chosen by
+#: bulk ESS per second (``benchmarks/results/tuning_constants.md``).
 TRAJECTORY = 2.5
 #: the trajectory length when the block carries the log of a variance (the penalty's sigma2_u),
-#: whose coupling with the coefficients' scale the linear metric does not follow. Measured with the
-#: smoothed-hinge trajectories and the cheaper steps, seeds 1-3 / 1-2, min bulk ESS per second:
-#: breast_cancer (slowest parameter sigma2_u) 548-633 at 2.5, 651-699 (one 568) at 2.25, 566-733
-#: at 2.0; d = 50 1405-1512 at 2.5, 1477-1485 at 2.25, 891-1186 at 2.0. Without a variance in the
-#: block (toenail's fixed effects given the levels, penalty=None) 2.25 cost 7-17% (sigma2_patient_id
-#: ESS 2575 / 2209 against 2768 / 2667 at 2.5): a choice made on these few data sets.
+#: whose coupling with the coefficients' scale the linear metric does not follow: shorter
+#: trajectories mix that coupling better (bulk ESS per second in
+#: ``benchmarks/results/tuning_constants.md``; a choice made on a few data sets).
 TRAJECTORY_WITH_VARIANCE = 2.25
 MAX_STEPS = 40
 #: the step of each transition is multiplied by a uniform draw from this range

@@ -12,9 +12,9 @@ is :math:`K` Metropolis-Hastings steps of the independence sampler (Tierney 1994
 :math:`\pi` invariant. With heavier tails than the target (``df`` small) the sampler is uniformly
 ergodic whenever :math:`\pi / q` is bounded.
 
-**Fitting.** :class:`vbsvm.inference.block_tuner.BlockTuner` fits the proposal to the block's
+**Fitting.** :class:`vbsvm.mcmc.block_tuner.BlockTuner` fits the proposal to the block's
 moments during tuning and keeps it if its acceptance rate is high enough; otherwise the block
-moves by Hamiltonian Monte Carlo (:mod:`vbsvm.inference.hmc`) or slice sampling.
+moves by Hamiltonian Monte Carlo (:mod:`vbsvm.mcmc.hmc`) or slice sampling.
 """
 
 from __future__ import annotations

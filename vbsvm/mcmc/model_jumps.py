@@ -14,7 +14,7 @@ the proposals from the chain's own tuning sweeps:
   each gets a multivariate t proposal (``df`` degrees of freedom) centred at the mean of its
   recorded coordinates, with their covariance times ``inflate**2`` as scale matrix. The
   covariance is shrunk toward its diagonal when a model has fewer than twice as many visits as
-  coordinates (:func:`~vbsvm.inference.block_tuner.shrunk_moments`), so that it has full rank.
+  coordinates (:func:`~vbsvm.mcmc.block_tuner.shrunk_moments`), so that it has full rank.
 
 The defaults were chosen on breast_cancer with ``LaplaceZero(rho=0.01)`` at 4 x 2000 after 1000
 (seeds 1-8; max R-hat over the indicators with a posterior mean in (0.01, 0.99)): requiring
@@ -23,7 +23,7 @@ pooled and left two seeds at 1.052 and 1.059; with 5 visits 1.015-1.037 and 1.05
 12 jumps per sweep instead of 6 gave 1.012-1.060 and 1.133 (seed 2). Over seeds 1-20, 15 were at
 most 1.05 after 1000 tuning sweeps: a group of models that no chain visited in tuning has no
 listed model to leave by (seed 9: 1.386; see the README). A Laplace-zero fit therefore tunes
-for 2000 sweeps by default (:func:`vbsvm.api.default_tune`): 19 of the 20 seeds meet the bar,
+for 2000 sweeps by default (:func:`vbsvm.fitting.svm.default_tune`): 19 of the 20 seeds meet the bar,
 and all of seeds 21-40, run after that choice.
 
 Nothing changes after tuning, so the kept draws come from one fixed kernel; a chain with fewer
@@ -39,7 +39,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import gammaln
 
-from .block_tuner import shrunk_moments
+from vbsvm.mcmc.block_tuner import shrunk_moments
 
 __all__ = ["ModelJumpTuner"]
 

@@ -96,13 +96,13 @@ import math
 import warnings
 
 import numpy as np
+import xarray as xr
 from scipy import linalg as sla
 from scipy.linalg.lapack import dtrtri as _dtrtri
 from scipy.special import ndtr
 
 from vbsvm.distributions import sample_gig_half
 from vbsvm.exceptions import InputError
-
 
 ALPHA_MIN = 1e-12  # clip of the GIG parameter chi = alpha (E[1/lambda] <= 1e6)
 
@@ -1051,3 +1051,19 @@ class SparseGPSVM:
         R, _ = robust_cholesky(P, 1e-10)
         z = rng.standard_normal(self.blocks.m)
         return {"v": _tri_solve(R, _tri_solve(R, h) + z, trans=True)}
+
+
+def inducing_values(v, blocks):
+    """Dataset with the inducing values ``u = L v`` (chain, draw, inducing) of whitened draws
+    ``v`` (chain, draw, m): what the GP's Gibbs diagnostics are about."""
+    U = v @ blocks.L.T
+    return xr.Dataset({"u": (("chain", "draw", "inducing"), U)},
+                      coords={"chain": np.arange(U.shape[0]), "draw": np.arange(U.shape[1]),
+                              "inducing": np.arange(blocks.m)})
+
+
+def gp_columns(design):
+    """Names and indices of the design columns the GP uses: all but the intercept (the GP has no
+    linear part; the kernel's constant term plays the intercept)."""
+    keep = [j for j, c in enumerate(design.column_names) if c != "Intercept"]
+    return [design.column_names[j] for j in keep], np.asarray(keep, dtype=int)

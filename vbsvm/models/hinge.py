@@ -49,12 +49,12 @@ trajectories may instead follow the gradient of the hinge smoothed over a width 
 (slope :math:`h_\delta'(g) = \min\{1, \max\{0, g/\delta + 1/2\}\}`, formed in the HMC target of
 :class:`~vbsvm.models.linear.LinearSVMModel`) while the acceptance uses the exact hinge: leapfrog
 steps are shears, volume preserving and reversible for any position-dependent force
-(:mod:`vbsvm.inference.hmc`), so the transition keeps the exact posterior whatever the width; a
+(:mod:`vbsvm.mcmc.hmc`), so the transition keeps the exact posterior whatever the width; a
 wider one only costs acceptance through the mismatch
 :math:`-2\sum_i \{(g_i)_+ - h_\delta(g_i)\}` between the two log densities
 (:func:`smoothing_mismatch`, which varies only through the rows within :math:`\delta/2` of
 their kink). The sampler picks the widest of :data:`SMOOTHING_WIDTHS` whose mismatch varies
-little over its tuning draws (:class:`~vbsvm.inference.block_tuner.BlockTuner`).
+little over its tuning draws (:class:`~vbsvm.mcmc.block_tuner.BlockTuner`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import math
 import numpy as np
 from scipy.special import log_ndtr
 
-from ..distributions import GIG, InverseGaussian, sample_truncated_std_normal
+from vbsvm.distributions import GIG, InverseGaussian, sample_truncated_std_normal
 
 __all__ = ["CHI_FLOOR", "update_chi", "q_weights", "expected_inverse", "elbo", "sample_inverse", "working_response",
            "GroupLayout", "sample_offsets", "SMOOTHING_WIDTHS", "smoothing_mismatch"]

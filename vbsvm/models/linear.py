@@ -55,14 +55,14 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ..distributions import InverseGamma, InverseWishart, sample_inverse_gamma_truncated
-from ..spd import pack_spd, spd_inverse, unpack_spd
-from ..inference.block_tuner import BlockTuner
-from ..inference.hmc import TRAJECTORY, TRAJECTORY_WITH_VARIANCE, hmc_transition, trajectory_steps
-from ..inference.independence import independence_steps
-from ..inference.partial_noncentring import ExponentTuner
-from ..inference.slice import slice_sample
-from . import hinge
+from vbsvm.distributions import InverseGamma, InverseWishart, sample_inverse_gamma_truncated
+from vbsvm.mcmc.block_tuner import BlockTuner
+from vbsvm.mcmc.hmc import TRAJECTORY, TRAJECTORY_WITH_VARIANCE, hmc_transition, trajectory_steps
+from vbsvm.mcmc.independence import independence_steps
+from vbsvm.mcmc.partial_noncentring import ExponentTuner
+from vbsvm.mcmc.slice import slice_sample
+from vbsvm.models import hinge
+from vbsvm.spd import pack_spd, spd_inverse, unpack_spd
 
 __all__ = ["PriorComponent", "LinearSVMModel", "CoefficientPosterior", "fixed_effect_precision", "random_effect_terms",
            "covariance_arrays"]
@@ -709,7 +709,7 @@ class LinearSVMModel:
 
     @classmethod
     def from_design(cls, design, settings) -> "LinearSVMModel":
-        """The model :func:`vbsvm.svm` builds from a :class:`~vbsvm.design.Design` and its settings."""
+        """The model :func:`vbsvm.svm` builds from a :class:`~vbsvm.formula.design.Design` and its settings."""
         groups = random_effect_terms(design)
         precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
         return cls(design.X, design.y, groups, precision, A=settings["A_u"], B=settings["B_u"],
@@ -849,7 +849,7 @@ class LinearSVMModel:
         """The row-free part of a sweep: ``q(theta)``, ``q(sigma^2)`` and ``q(Sigma)`` from the
         current ``B_q`` and IW factors and either the weights ``w`` (n,) or a precomputed
         :class:`WorkingGram` ``gram`` of them (e.g. summed over the partitions of a data set that
-        is not in memory, :mod:`vbsvm.dask_backend`). Returns q without the per-row entries."""
+        is not in memory, :mod:`vbsvm.fitting.dask`). Returns q without the per-row entries."""
         sizes = np.array([c.size for c in self.variance_components], dtype=float)
         Aq = self.A + sizes / 2.0
         tau = self.prior_precision(Aq / Bq)
@@ -914,9 +914,9 @@ class LinearSVMModel:
     def gibbs_adapt(self, state, it, tune):
         """Called by the engine after each tuning sweep (never after tuning): fits, tries and
         keeps the fixed effects' independence move (:meth:`_independence_move`), their HMC move
-        (:meth:`_hmc_move`) or neither (:class:`~vbsvm.inference.block_tuner.BlockTuner`), and
+        (:meth:`_hmc_move`) or neither (:class:`~vbsvm.mcmc.block_tuner.BlockTuner`), and
         fits the exponents of the random-intercept variances' partially non-centred move
-        (:class:`~vbsvm.inference.partial_noncentring.ExponentTuner`). The HMC move's trajectories
+        (:class:`~vbsvm.mcmc.partial_noncentring.ExponentTuner`). The HMC move's trajectories
         follow the hinge smoothed over the widest of :data:`~vbsvm.models.hinge.SMOOTHING_WIDTHS`
         whose mismatch with the exact one varies little over the collected sweeps."""
         block = np.concatenate([state["theta"][: self.p], np.log(state["sigma2"][self._block_variances])])
@@ -933,7 +933,7 @@ class LinearSVMModel:
 
     def adapt_level_exponents(self, state, it, tune):
         """Feed the random-intercept levels and variances of ``state`` to the exponents' tuner
-        (:class:`~vbsvm.inference.partial_noncentring.ExponentTuner`) after tuning sweep ``it``."""
+        (:class:`~vbsvm.mcmc.partial_noncentring.ExponentTuner`) after tuning sweep ``it``."""
         if not self._levels or "theta" not in state:
             return state
         ks = list(self._levels)
@@ -964,7 +964,7 @@ class LinearSVMModel:
 
     def _variance_orbit(self, k, theta, f, sigma2, exponents=None):
         """The orbit ``t -> (v + t, theta_j e^{c_j t / 2})`` of variance k (``v = log sigma_k^2``)
-        and its coefficients j (:mod:`vbsvm.inference.partial_noncentring`): returns
+        and its coefficients j (:mod:`vbsvm.mcmc.partial_noncentring`): returns
         ``(logp, move)``, the log density of t along it and the map from t to the new
         ``(theta, f, sigma2)``.
 
@@ -1268,7 +1268,7 @@ class LinearSVMModel:
         """Block independence Metropolis-Hastings of the fixed effects, jointly with the log of
         each variance that governs fixed effects only, on the marginal pseudo-posterior of
         :meth:`_hmc_move`. :data:`imh_steps` proposals from the t proposal fitted during tuning
-        are evaluated in one batch (:mod:`vbsvm.inference.independence`). Like the other marginal
+        are evaluated in one batch (:mod:`vbsvm.mcmc.independence`). Like the other marginal
         moves it must be followed by a fresh ``w | theta``. Returns ``(theta, f, sigma2, accepted)``."""
         p, own = self.p, self._block_variances
         X = self.Cd[:, :p]
@@ -1308,10 +1308,10 @@ class LinearSVMModel:
         pseudo-posterior given the random effects and their variances:
         ``prod_j N(beta_j; 0, 1/tau_j) prod_k IG(sigma2_k; A, B) sigma2_k prod_i exp(-2 (1 - y_i f_i)_+)``
         in the coordinates ``(beta, log sigma2_k)`` (the factor ``sigma2_k`` is the Jacobian), with
-        the metric and step fitted during tuning (:mod:`vbsvm.inference.hmc`), whitened by the
+        the metric and step fitted during tuning (:mod:`vbsvm.mcmc.hmc`), whitened by the
         metric (:meth:`_hmc_target`), its trajectories on the hinge smoothed over the width picked
         in tuning (:mod:`vbsvm.models.hinge`; the acceptance uses the exact hinge), of length
-        :data:`~vbsvm.inference.hmc.TRAJECTORY_WITH_VARIANCE` when the block carries a variance.
+        :data:`~vbsvm.mcmc.hmc.TRAJECTORY_WITH_VARIANCE` when the block carries a variance.
         Each leapfrog step costs two O(np) products (scores and gradient). Like the other
         marginal moves it must be followed by a fresh ``w | theta``.
         Returns ``(theta, f, sigma2, accept_prob)``."""
@@ -1451,7 +1451,7 @@ class LinearSVMModel:
         the new theta. Each step keeps the posterior, so the scan does. Once tuning has measured
         how much the data pin each level down, a random-intercept variance's second step is
         partially non-centred instead, one exponent per level
-        (:mod:`vbsvm.inference.partial_noncentring`): on toenail it took the bulk ESS of
+        (:mod:`vbsvm.mcmc.partial_noncentring`): on toenail it took the bulk ESS of
         ``sigma2_patient_id`` from about 900 to about 2400 per 8000 draws at the same cost.
 
         After tuning, the fixed effects (with ``log sigma2_u``) move by the independence sampler
@@ -1459,7 +1459,7 @@ class LinearSVMModel:
         by HMC if its trial did (:meth:`_hmc_move`), else by slice sampling along the principal
         axes of their tuning draws; during a trial a fitted move replaces the slice moves while
         its acceptance is high enough
-        (:meth:`~vbsvm.inference.block_tuner.BlockTuner.replaces_slice_moves`). With a fitted
+        (:meth:`~vbsvm.mcmc.block_tuner.BlockTuner.replaces_slice_moves`). With a fitted
         move kept and no random effects, the augmented steps (theta | w and w | theta, an
         ``O(n p^2)`` Gram and ``n`` inverse-Gaussian draws) are skipped: the scan is then a
         Metropolis-within-Gibbs sampler on the marginal pseudo-posterior, each of its steps

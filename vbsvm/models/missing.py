@@ -58,7 +58,7 @@ standardized scale of the design columns.
 **Transformed predictors.** The imputation model acts on the *design columns*: a predictor that
 enters as ``np.log(choleste)`` is imputed as ``np.log(choleste)``, i.e. on the transformed scale
 where the Gaussian model is placed, and :attr:`ImputedFit.imputed` reports values on that scale.
-Categorical predictors with missing values are refused by :func:`vbsvm.design.build_design`.
+Categorical predictors with missing values are refused by :func:`vbsvm.formula.design.build_design`.
 
 **Interactions** (the conditional model only). A numeric predictor that enters several design
 columns, or a column together with other predictors (``x * z``, ``x:z + x``, ``x:C(g)``), is one
@@ -174,11 +174,12 @@ import numpy as np
 import pandas as pd
 from scipy.special import multigammaln
 
-from .. import validation
-from ..distributions import Gaussian, InverseWishart
-from ..exceptions import InputError, InputTypeError
-from . import hinge
-from .linear import CoefficientPosterior, LinearSVMModel
+from vbsvm import validation
+from vbsvm.distributions import Gaussian, InverseWishart
+from vbsvm.exceptions import InputError, InputTypeError
+from vbsvm.formula.design import categorical_calls
+from vbsvm.models import hinge
+from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
 
 __all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "hyperparameters",
            "imputation_columns", "imputation_spec", "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]
@@ -1081,7 +1082,7 @@ class ImputationSpec:
 
         Parameters
         ----------
-        design : vbsvm.design.Design
+        design : vbsvm.formula.design.Design
         frame : pandas.DataFrame
             The training rows (``design.raw``) or new data.
         X : ndarray (n, p)
@@ -1169,14 +1170,13 @@ def imputation_spec(design) -> ImputationSpec:
     * NaN in a design column where every raw variable is observed comes from the transformation
       (e.g. ``np.log`` of a negative number), not from missing data.
     """
-    from ..design import _categorical_calls
 
     mask = np.asarray(design.missing_mask, dtype=bool)
     names = list(design.column_names)
     raw = design.raw
     col_vars = _column_variables(design)
     predictors = [c for c in raw.columns if c != design.response and c not in {g.name for g in design.groups}]
-    categorical = set(_categorical_calls(design.formula))
+    categorical = set(categorical_calls(design.formula))
     numeric = [v for v in predictors if v not in categorical and pd.api.types.is_numeric_dtype(raw[v])
                and not pd.api.types.is_bool_dtype(raw[v])]
     probe_rows = raw.iloc[np.unique(np.linspace(0, len(raw) - 1, min(len(raw), 50)).astype(np.int64))]

@@ -20,8 +20,8 @@ import numbers
 
 import numpy as np
 
-from . import validation
-from .exceptions import InputError, InputTypeError
+from vbsvm import validation
+from vbsvm.exceptions import InputError, InputTypeError
 
 __all__ = ["LaplaceZero", "DEFAULT_RHO_GRID"]
 

@@ -155,7 +155,7 @@ coefficient integrated out given w); the random effects' marginal moves; swaps o
 terms (:meth:`LaplaceZeroModel.swap_moves`); add/delete moves of each term with w integrated
 out (:meth:`LaplaceZeroModel.flip_moves`, proposals fitted during tuning); and jumps between whole
 models that the chains visited in tuning, with w and b integrated out
-(:meth:`LaplaceZeroModel.model_jumps`, :mod:`vbsvm.inference.model_jumps`). Check
+(:meth:`LaplaceZeroModel.model_jumps`, :mod:`vbsvm.mcmc.model_jumps`). Check
 ``fit.diagnostics()`` (rows ``gamma[term]``).
 """
 
@@ -173,13 +173,14 @@ from scipy.linalg.blas import dtrmm
 from scipy.linalg.lapack import dtrtri
 from scipy.special import expit
 
-from ..distributions import Bernoulli, InverseGamma, InverseGaussian
-from ..exceptions import InputError, InputTypeError
-from . import hinge
-from ..spd import spd_inverse
-from ..inference.model_jumps import ModelJumpTuner
-from ..inference.partial_noncentring import ExponentTuner
-from .linear import CoefficientPosterior, LinearSVMModel, WorkingGram
+from vbsvm.distributions import Bernoulli, InverseGamma, InverseGaussian
+from vbsvm.exceptions import InputError, InputTypeError
+from vbsvm.mcmc.model_jumps import ModelJumpTuner
+from vbsvm.mcmc.partial_noncentring import ExponentTuner
+from vbsvm.models import hinge
+from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel, WorkingGram
+from vbsvm.models.priors import LaplaceZero
+from vbsvm.spd import spd_inverse
 
 __all__ = ["LaplaceZeroModel", "SelectionPosterior", "selection_setup", "selectable_columns"]
 
@@ -855,7 +856,7 @@ class LaplaceZeroModel:
     def gibbs_pool(self, states):
         """Called by the engine once every chain has tuned: one list of models to jump between
         (:meth:`model_jumps`) for all chains, fitted from all their tuning sweeps
-        (:meth:`~vbsvm.inference.model_jumps.ModelJumpTuner.pool`)."""
+        (:meth:`~vbsvm.mcmc.model_jumps.ModelJumpTuner.pool`)."""
         return self._jumps.pool(states)
 
     def flip_moves(self, theta, gamma, b, sigma2, f, flips, rng):
@@ -924,7 +925,7 @@ class LaplaceZeroModel:
 
     def model_jumps(self, theta, gamma, sigma2, f, jumps, rng):
         r"""Metropolis-Hastings jumps between the models of the chain's list
-        (:class:`~vbsvm.inference.model_jumps.ModelJumpTuner`); ``JUMPS_PER_SWEEP`` proposals.
+        (:class:`~vbsvm.mcmc.model_jumps.ModelJumpTuner`); ``JUMPS_PER_SWEEP`` proposals.
 
         The single-term moves (collapsed indicators, swaps, add/delete) leave a model one term
         at a time. Where two groups of terms describe the data about equally well (e.g.
@@ -1042,7 +1043,6 @@ def selection_setup(design, settings, prior):
         other than the default, unknown ``keep`` terms, nothing left to select, or
         ``rho="auto"`` with ``missing="impute"``.
     """
-    from ..priors import LaplaceZero
 
     if not isinstance(prior, LaplaceZero):
         raise InputTypeError(

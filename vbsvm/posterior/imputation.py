@@ -1,5 +1,5 @@
 """The posterior of the imputation block of a ``missing="impute"`` fit, in one interface
-whatever the method (the imputation counterpart of :mod:`vbsvm.posterior`).
+whatever the method (the imputation counterpart of :mod:`vbsvm.posterior.representations`).
 
 * :class:`ImputationApproximation` (``method="vb"``): Gaussian q of the missing cells (one block
   per incomplete row), ``q(mu)`` Gaussian, ``q(Sigma)`` inverse Wishart and, for the conditional
@@ -9,7 +9,7 @@ whatever the method (the imputation counterpart of :mod:`vbsvm.posterior`).
 
 Both give the marginals of the cells, the imputation model's parameters, draws, and the moments
 of the score of new rows with missing entries integrated over the imputation model (the algebra
-of the patterns and label components is :class:`~vbsvm.imputed_fit.ImputedFit`'s).
+of the patterns and label components is :class:`~vbsvm.results.imputed.ImputedFit`'s).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from scipy import stats
 
-from .distributions import InverseWishart
-from .posterior import add_sparse_score
+from vbsvm.distributions import InverseWishart
+from vbsvm.posterior.representations import add_sparse_score
 
 __all__ = ["ImputationApproximation", "ImputationDraws", "imputation_posterior_of"]
 
@@ -226,7 +226,7 @@ class ImputationApproximation(ImputationDraws):
 
     def score_mean_var(self, fit, dense, rows):
         """Mean and variance of the score of ``fit``'s new rows under q (see
-        :meth:`vbsvm.imputed_fit.ImputedFit._score_moments`). A design entry
+        :meth:`vbsvm.results.imputed.ImputedFit._score_moments`). A design entry
         ``e_off + e_slope x`` of a missing cell is linear in it, so row r's score is
         ``theta^T c_r`` with ``E[c_r | x_O, c] = `` the entries at the conditional mean and
         ``Cov(c_r | x_O) = S_r^T Var(x_M | x_O) S_r`` (slopes ``S_r``), whose part of the score's

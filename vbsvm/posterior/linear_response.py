@@ -82,10 +82,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .exceptions import ConvergenceWarning, InputError
-from .inference.vb import coordinate_ascent
-from .models import hinge
-from .models.linear import CoefficientPosterior, LinearSVMModel
+from vbsvm.exceptions import ConvergenceWarning, InputError
+from vbsvm.inference.vb import coordinate_ascent
+from vbsvm.models import hinge
+from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
 
 __all__ = ["LinearResponse", "linear_response", "lr_covariance", "fixed_point_map", "vb_fixed_point"]
 
@@ -331,7 +331,7 @@ def linear_response(fit, *, max_n: int = MAX_N) -> LinearResponse:
 
     Parameters
     ----------
-    fit : vbsvm.results.Fit
+    fit : vbsvm.results.fit.Fit
         A ``method="vb"`` fit of :func:`vbsvm.svm` (penalty inference, fixed penalty or
         ``penalty=None``, with or without random intercepts; not Laplace-zero or imputation).
     max_n : int

@@ -1,7 +1,7 @@
 """The posterior a linear fit holds, in one interface whatever the method that made it.
 
 A fit stores its posterior as arrays on the original predictor scale (``fit.posterior``; what
-:meth:`~vbsvm.results.Fit.save` writes). The classes here read those arrays and give what the
+:meth:`~vbsvm.results.fit.Fit.save` writes). The classes here read those arrays and give what the
 result classes need — marginals of the coefficients and variances, draws of any shape, the
 moments of the score of new rows — so that the result classes do not branch on the method:
 
@@ -23,7 +23,7 @@ import numpy as np
 import xarray as xr
 from scipy import stats
 
-from .distributions import Bernoulli, InverseWishart
+from vbsvm.distributions import Bernoulli, InverseWishart
 
 __all__ = ["GaussianApproximation", "PosteriorDraws", "PosteriorMode", "SpikeSlabApproximation",
            "SelectionDraws", "posterior_of", "add_sparse_score"]

@@ -17,7 +17,7 @@ r"""Compare fits of the same model: variational Bayes against MCMC (or any fits 
   coefficients, inverse-gamma for the variances); MCMC marginals by a Gaussian kernel density
   estimate (linear binning on a fine grid, Silverman's bandwidth, reflection at 0 for
   variances). Point masses at exactly 0 (Laplace-zero fits) are compared as such. For VB fits
-  of the linear model the linear-response sd (:mod:`vbsvm.linear_response`) is shown next to
+  of the linear model the linear-response sd (:mod:`vbsvm.posterior.linear_response`) is shown next to
   the mean-field sd. For Laplace-zero fits the inclusion probabilities are put side by side.
 * :meth:`Comparison.predictions` — agreement of the class labels and mean / max
   ``|Delta P(f > 0)|`` on the reference fit's training data.
@@ -46,7 +46,10 @@ import pandas as pd
 from scipy import stats
 from scipy.signal import fftconvolve
 
-from .exceptions import DiagnosticWarning, InputError, InputTypeError
+from vbsvm.exceptions import DiagnosticWarning, InputError, InputTypeError
+from vbsvm.posterior.linear_response import MAX_N as LR_MAX_N
+from vbsvm.posterior.linear_response import linear_response
+from vbsvm.results.fit import Fit
 
 __all__ = ["compare", "Comparison", "accuracy", "kde_on_grid"]
 
@@ -404,7 +407,6 @@ class Comparison:
     def _lr(self, name):
         key = ("lr", name)
         if key not in self._cache:
-            from .linear_response import MAX_N as LR_MAX_N, linear_response
 
             fit = self.fits[name]
             eligible = (_is_linear_vb(fit) and fit.settings.get("missing") != "impute"
@@ -412,7 +414,7 @@ class Comparison:
             if eligible and fit.n_obs > LR_MAX_N:
                 warnings.warn(
                     f"no linear-response sd for {name!r}: its dense {fit.n_obs} x {fit.n_obs} solve is "
-                    f"skipped above {LR_MAX_N} rows (in Python, vbsvm.linear_response(fit, max_n=...) "
+                    f"skipped above {LR_MAX_N} rows (in Python, vbsvm.posterior.linear_response(fit, max_n=...) "
                     "computes it if memory allows).", DiagnosticWarning, stacklevel=3)
                 eligible = False
             try:
@@ -545,7 +547,6 @@ class Comparison:
     def _score_and_prob(fit, data):
         """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit
         (rows a linear fit cannot predict raise, rather than count as disagreements)."""
-        from .results import Fit
 
         kw = {"na_action": "raise"} if isinstance(fit, Fit) else {}
         score = fit.predict(data, kind="score", **kw)
@@ -695,7 +696,7 @@ class Comparison:
         notes = ["", "diff_sd = (mean - reference mean) / reference sd; sd_ratio = sd / reference sd;",
                  "accuracy = 100 (1 - 0.5 * integral |q - p_ref|) %, reference density by KDE when it is a sample."]
         if any(c.endswith("_sd_lr") for c in tab.columns):
-            notes.append("sd_lr: linear-response corrected VB sd (experimental; vbsvm.linear_response).")
+            notes.append("sd_lr: linear-response corrected VB sd (experimental; vbsvm.posterior.linear_response).")
         return "\n".join(lines + notes)
 
     def __str__(self):
@@ -729,7 +730,7 @@ def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
     --------
     >>> toenail = vbsvm.datasets.load("toenail")                                   # doctest: +SKIP
     >>> f = "y ~ time * terbinafine + (1 | patient_id)"                             # doctest: +SKIP
-    >>> cmp = vbsvm.compare(vbsvm.svm(f, toenail, penalty=None),
+    >>> cmp = vbsvm.results.compare(vbsvm.svm(f, toenail, penalty=None),
     ...                     vbsvm.svm(f, toenail, penalty=None, method="gibbs"))    # doctest: +SKIP
     >>> cmp.table()[["vb_mean", "gibbs_mean", "vb_accuracy"]]                       # doctest: +SKIP
     >>> cmp.plot("forest").savefig("forest.png")                                    # doctest: +SKIP

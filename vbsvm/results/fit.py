@@ -31,10 +31,14 @@ import pandas as pd
 import xarray as xr
 from scipy import stats
 
-from . import validation
-from .exceptions import DiagnosticWarning, FitFileError, InputError
-from .posterior import add_sparse_score, posterior_of
-from .summary import build_summary
+from vbsvm import validation
+from vbsvm._version import __version__
+from vbsvm.exceptions import DiagnosticWarning, FitFileError, InputError
+from vbsvm.formula.design import build_design, check_frame
+from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET
+from vbsvm.io.fit_file import check_rebuilt, check_settings, check_storable, write_atomically
+from vbsvm.posterior.representations import add_sparse_score, posterior_of
+from vbsvm.results.summary import build_summary, describe, penalty_description
 
 __all__ = ["Fit", "ThetaLayout"]
 
@@ -118,7 +122,7 @@ def _jsonable(x):
     return x
 
 
-def _interval_names(level):
+def interval_names(level):
     lo = 100 * (1 - level) / 2
     return f"{lo:g}%", f"{100 - lo:g}%"
 
@@ -161,7 +165,7 @@ class Fit:
     @property
     def _post(self):
         """The posterior as an object that does not depend on the method's arrays
-        (:func:`vbsvm.posterior.posterior_of`)."""
+        (:func:`vbsvm.posterior.representations.posterior_of`)."""
         return self._cached("posterior_object", posterior_of)
 
     def _theta_draws(self):
@@ -173,7 +177,7 @@ class Fit:
 
     def _table(self, names, index, level):
         mean, sd, lo, hi = self._marginals(np.asarray(index), level)
-        lo_name, hi_name = _interval_names(level)
+        lo_name, hi_name = interval_names(level)
         index = names if isinstance(names, pd.Index) else pd.Index(names, name="term")
         return pd.DataFrame({"mean": mean, "sd": sd, lo_name: lo, hi_name: hi}, index=index)
 
@@ -203,7 +207,7 @@ class Fit:
         """Inferred variances (and the penalty ``alpha = 1 / (4 sigma2_u)``) with intervals."""
         level = self._level(level)
         lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
-        lo_name, hi_name = _interval_names(level)
+        lo_name, hi_name = interval_names(level)
         rows = self._post.variance_rows(lo_q, hi_q)
         for name, S in self._covariance_draws().items():
             cols = self.layout.columns_of(name)
@@ -335,11 +339,10 @@ class Fit:
         """``newdata`` (checked) and the positions of its rows the fit can predict: all of them
         but the rows with a missing value the model cannot fill (those raise for
         ``na_action="raise"``)."""
-        from .design import _check_frame
 
         if na_action not in NA_ACTIONS:
             raise InputError(f"na_action must be one of {NA_ACTIONS}; got {na_action!r}.")
-        newdata = _check_frame(newdata, "newdata")
+        newdata = check_frame(newdata, "newdata")
         incomplete = self.design.incomplete_rows(newdata, imputable=self.settings.get("missing") == "impute")
         if incomplete.any() and na_action == "raise":
             rows = newdata.iloc[np.flatnonzero(incomplete)]
@@ -433,7 +436,6 @@ class Fit:
 
     def prior_description(self):
         """``(label, text)`` of the prior line in the summary header."""
-        from .summary import penalty_description
 
         return "Penalty:", penalty_description(self.settings)
 
@@ -444,7 +446,6 @@ class Fit:
 
     def __repr__(self):
         """A short description (model, method, formula, coefficients); :meth:`summary` has the tables."""
-        from .summary import describe
 
         return describe(self, self.coef["mean"], self._description_lines())
 
@@ -531,13 +532,12 @@ class Fit:
     def save(self, path):
         """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``).
 
-        The file is written atomically (:func:`vbsvm.fit_file.write_atomically`): an interrupted
+        The file is written atomically (:func:`vbsvm.io.fit_file.write_atomically`): an interrupted
         save leaves an existing file at ``path`` as it was. A fit that would not load back the
         same is not written: one whose formula :func:`vbsvm.load` would refuse (see
-        :mod:`vbsvm.formula_safety`), or whose data has a column mixing text with other types
-        (:func:`vbsvm.fit_file.check_storable`).
+        :mod:`vbsvm.formula.safety`), or whose data has a column mixing text with other types
+        (:func:`vbsvm.io.fit_file.check_storable`).
         """
-        from .fit_file import check_settings, check_storable, write_atomically
 
         check_settings(self.settings)
         check_storable(self.design.raw)
@@ -546,9 +546,6 @@ class Fit:
     @classmethod
     def from_datatree(cls, dt) -> "Fit":
         """Rebuild a fit from the tree written by :meth:`to_arviz` / :meth:`save`."""
-        from .design import build_design
-
-        from .fit_file import check_rebuilt, check_settings
 
         try:
             settings = json.loads(dt.attrs["settings"])
@@ -577,7 +574,6 @@ def warn_unconverged(diag, draws, info, stacklevel=2, hint=None):
     the draws per chain that would reach the targets; ``draws`` are the draws per chain kept and
     ``info`` the fit's run-length record (``max_draws``, ``draws_extended``). ``hint``, called
     only then, returns text appended to the warning (a likely cause)."""
-    from .inference.gibbs import ESS_TARGET, RHAT_TARGET
 
     bad_r = diag.index[diag["r_hat"] > RHAT_TARGET].tolist()
     bad_e = diag.index[diag["ess_bulk"] < ESS_TARGET].tolist()
@@ -704,7 +700,6 @@ def _check_new_levels(new_levels):
 
 
 def _version():
-    from . import __version__
 
     return __version__
 

@@ -1,7 +1,7 @@
 """The fitted-model object of the Bayesian SVM with missing predictors imputed in the model
 (``vbsvm.svm(..., missing="impute")``; see :mod:`vbsvm.models.missing`).
 
-:class:`ImputedFit` is a :class:`~vbsvm.results.Fit` with the imputation blocks added:
+:class:`ImputedFit` is a :class:`~vbsvm.results.fit.Fit` with the imputation blocks added:
 
 * :attr:`ImputedFit.imputed`: one row per missing cell (row label, design column, posterior mean,
   sd and an interval), on the original scale of the **design column**: a predictor entered as
@@ -34,9 +34,10 @@ import pandas as pd
 import xarray as xr
 from scipy import sparse
 
-from .imputation_posterior import imputation_posterior_of
-from .posterior import add_sparse_score
-from .results import Fit, _interval_names
+from vbsvm.models.missing import imputation_spec
+from vbsvm.posterior.imputation import imputation_posterior_of
+from vbsvm.posterior.representations import add_sparse_score
+from vbsvm.results.fit import Fit, interval_names, pointwise_log_likelihood
 
 __all__ = ["ImputedFit"]
 
@@ -57,7 +58,7 @@ class _NewRows(NamedTuple):
 class ImputedFit(Fit):
     """A Bayesian SVM fitted with ``missing="impute"`` (see :func:`vbsvm.svm`).
 
-    Everything :class:`~vbsvm.results.Fit` offers, plus :attr:`imputed`, the imputation-model
+    Everything :class:`~vbsvm.results.fit.Fit` offers, plus :attr:`imputed`, the imputation-model
     parameters in :meth:`to_arviz`, and predictions for rows with missing predictors.
     """
 
@@ -69,7 +70,6 @@ class ImputedFit(Fit):
     @cached_property
     def _spec(self):
         """The imputation variables (:func:`vbsvm.models.missing.imputation_spec`)."""
-        from .models.missing import imputation_spec
 
         return imputation_spec(self.design)
 
@@ -113,7 +113,7 @@ class ImputedFit(Fit):
         level = self._level(level)
         rows, cols = self._cells()
         names = np.array(self.imputation_columns, dtype=object)
-        lo_name, hi_name = _interval_names(level)
+        lo_name, hi_name = interval_names(level)
         mean, sd, lo, hi = self._imp.cell_marginals(level)
         return pd.DataFrame({"row": np.asarray(self.design.row_labels)[rows], "column": names[cols],
                              "mean": mean, "sd": sd, lo_name: lo, hi_name: hi})
@@ -203,7 +203,7 @@ class ImputedFit(Fit):
     @property
     def _imp(self):
         """The imputation block's posterior object
-        (:func:`vbsvm.imputation_posterior.imputation_posterior_of`)."""
+        (:func:`vbsvm.posterior.imputation.imputation_posterior_of`)."""
         return self._cached("imputation_posterior", imputation_posterior_of)
 
     def _imputation_draws(self):
@@ -241,7 +241,7 @@ class ImputedFit(Fit):
     def to_arviz(self, log_likelihood=True):
         """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
-        As :meth:`vbsvm.results.Fit.to_arviz`, with ``x_missing`` (dim ``missing_cell``, labelled
+        As :meth:`vbsvm.results.fit.Fit.to_arviz`, with ``x_missing`` (dim ``missing_cell``, labelled
         ``"<row>, <column>"`` with coordinates ``missing_row`` and ``missing_column``; original
         scale of the design column), ``mu`` (dim ``imp_col``) and ``Sigma`` (dims ``imp_col``,
         ``imp_col_bis``) in the posterior group. The root attribute ``vbsvm_fit_type`` is
@@ -264,9 +264,8 @@ class ImputedFit(Fit):
 
     def _log_likelihood_dataset(self) -> xr.Dataset:
         """Pointwise log likelihood (normalised over y, see
-        :func:`vbsvm.results.pointwise_log_likelihood`) of each draw, the incomplete training rows
+        :func:`vbsvm.results.fit.pointwise_log_likelihood`) of each draw, the incomplete training rows
         completed with the same draw's imputations (Gibbs draws, or iid draws from q)."""
-        from .results import pointwise_log_likelihood
 
         theta = self._draws()[0]
         x = self._imputation_draws()[0]

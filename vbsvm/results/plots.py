@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .exceptions import InputError
+from vbsvm.exceptions import InputError
 
 __all__ = ["plot_inclusion", "plot_inclusion_comparison", "plot_elbo"]
 

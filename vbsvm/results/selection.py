@@ -1,6 +1,6 @@
 """The fitted Laplace-zero selection model: inclusion probabilities, plots, predictions, ArviZ.
 
-A :class:`SelectionFit` is a :class:`~vbsvm.results.Fit` whose coefficients are the **effective**
+A :class:`SelectionFit` is a :class:`~vbsvm.results.fit.Fit` whose coefficients are the **effective**
 coefficients :math:`u_k = \\gamma_k v_k` (zero when a term is out of the model), on the original
 predictor scale. So ``coef``, ``predict``, ``summary`` and ``to_arviz`` speak about the same
 quantity, and
@@ -24,10 +24,11 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .exceptions import InputError
-from .imputed_fit import ImputedFit
-from .results import Fit
-from .summary import beside_or_below
+from vbsvm.exceptions import InputError
+from vbsvm.results.fit import Fit
+from vbsvm.results.imputed import ImputedFit
+from vbsvm.results.plots import plot_inclusion
+from vbsvm.results.summary import beside_or_below
 
 __all__ = ["SelectionFit"]
 
@@ -36,7 +37,7 @@ class SelectionFit(Fit):
     """A linear Bayesian SVM with the Laplace-zero prior (see :func:`vbsvm.svm` with ``prior=``).
 
     Use :meth:`inclusion`, :meth:`plot_inclusion`, :attr:`rho`, :attr:`rho_curve` besides the
-    methods of :class:`~vbsvm.results.Fit`.
+    methods of :class:`~vbsvm.results.fit.Fit`.
     """
 
     # ------------------------------------------------------------------ selection basics
@@ -116,13 +117,12 @@ class SelectionFit(Fit):
 
         Bars are ``p_include`` sorted decreasingly, shaded by ``p_positive_if_included``
         (dark: positive association with the ``+1`` level; white: negative). Keyword arguments go
-        to :func:`vbsvm.plots.plot_inclusion`.
+        to :func:`vbsvm.results.plots.plot_inclusion`.
 
         Returns
         -------
         matplotlib.figure.Figure
         """
-        from .plots import plot_inclusion
 
         kwargs.setdefault("title", f"Inclusion probabilities ({self._post.label}, "
                                    f"rho = {self.rho:g})")
@@ -146,7 +146,7 @@ class SelectionFit(Fit):
     def to_arviz(self, log_likelihood=True):
         """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
-        As :meth:`vbsvm.results.Fit.to_arviz`; ``beta`` holds the effective coefficients
+        As :meth:`vbsvm.results.fit.Fit.to_arviz`; ``beta`` holds the effective coefficients
         ``u = gamma * v`` and the posterior group also has ``gamma`` (dims ``chain, draw,
         coef_selectable``; VB: iid draws from q). The root attribute ``vbsvm_fit_type`` is
         ``"selection"``.
@@ -194,7 +194,7 @@ class SelectionFit(Fit):
         return tables
 
     def diagnostics(self):
-        """As :meth:`vbsvm.results.Fit.diagnostics`, including ``gamma[term]`` rows (R-hat is NaN
+        """As :meth:`vbsvm.results.fit.Fit.diagnostics`, including ``gamma[term]`` rows (R-hat is NaN
         for an indicator that never changed)."""
         with np.errstate(invalid="ignore", divide="ignore"):
             return super().diagnostics()
@@ -209,15 +209,15 @@ class SelectionFit(Fit):
 class ImputedSelectionFit(SelectionFit, ImputedFit):
     """A Laplace-zero fit with ``missing="impute"`` (conditional imputation): the inclusion
     table and selection summaries of :class:`SelectionFit` with the imputations, the imputation
-    model and the predictions for incomplete rows of :class:`~vbsvm.imputed_fit.ImputedFit`.
+    model and the predictions for incomplete rows of :class:`~vbsvm.results.imputed.ImputedFit`.
     The label effect of the imputation model is ``label_effect`` in :meth:`to_arviz` (``gamma``
     are the inclusion indicators). Saving to a file is not supported yet."""
 
     _label_effect_key = "label_effect_draws"
 
     def _predict_rows(self, newdata, kind, new_levels):
-        """:meth:`vbsvm.results.Fit.predict` with incomplete rows integrated over the imputation
-        model (:meth:`vbsvm.imputed_fit.ImputedFit._score_moments`); VB scores use the
+        """:meth:`vbsvm.results.fit.Fit.predict` with incomplete rows integrated over the imputation
+        model (:meth:`vbsvm.results.imputed.ImputedFit._score_moments`); VB scores use the
         moment-matched Gaussian of the effective coefficients."""
         return ImputedFit._predict_rows(self, newdata, kind, new_levels)
 

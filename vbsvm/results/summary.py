@@ -14,6 +14,8 @@ from statsmodels.iolib.summary import Summary
 from statsmodels.iolib.table import SimpleTable
 from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 
+from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
+
 __all__ = ["build_summary", "describe", "frame_table", "penalty_description", "format_number", "wrap_notes",
            "WIDTH"]
 
@@ -174,7 +176,7 @@ def beside_or_below(table: pd.DataFrame, diag: pd.DataFrame, title, diag_title) 
 
 
 def build_summary(fit, level: float) -> Summary:
-    """Summary of a linear :class:`~vbsvm.results.Fit` at interval level ``level``.
+    """Summary of a linear :class:`~vbsvm.results.fit.Fit` at interval level ``level``.
 
     Sections: the header, the fixed effects, the variance components (when inferred), then any
     ``(title, DataFrame)`` pairs a model adds in ``fit.info["summary_tables"]`` (or by overriding
@@ -228,7 +230,7 @@ def build_summary(fit, level: float) -> Summary:
                      "variances (intervals from the mixture's moments); compare with method='gibbs'.")
     elif fit.method == "vb":
         notes.append("Mean-field VB sds for this augmentation are typically about half of MCMC's; "
-                     "check with vbsvm.compare(fit_vb, fit_gibbs).")
+                     "check with vbsvm.results.compare(fit_vb, fit_gibbs).")
     if "approximation_note" in fit.info:
         note = fit.info["approximation_note"]
         notes.append(note[:1].upper() + note[1:] + ".")
@@ -245,7 +247,6 @@ def _mode_only(table: pd.DataFrame) -> pd.DataFrame:
 def _extension(fit) -> str:
     """The Gibbs header's note on an extended run, e.g. ``from 1000 draws to reach R-hat <= 1.01,
     bulk ESS >= 400``."""
-    from .inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
 
     worst_r, worst_e = shortfall(fit.summary_diagnostics())
     met = not (worst_r > RHAT_TARGET or worst_e < ESS_TARGET)

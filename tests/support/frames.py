@@ -1,0 +1,28 @@
+"""Small simulated data frames shared by several test modules."""
+
+import numpy as np
+import pandas as pd
+from scipy import special
+
+
+def slope_frame(n_groups, n_per, seed, *, sd=(1.0, 1.0), cor=0.5, beta=(0.3, 1.0, -0.7), hinge=False):
+    """Grouped data with correlated random intercepts and slopes of ``x``.
+
+    ``f = beta0 + beta1 x + beta2 z + b0_g + b1_g x``, ``(b0_g, b1_g) ~ N(0, Sigma)``; y is drawn
+    from ``P(y = +1) = expit(f)``, or with ``hinge=True`` from the hinge likelihood normalised over
+    y, ``exp(-2 (1 - y f)_+) / sum_y' exp(-2 (1 - y' f)_+)``.
+    """
+    rng = np.random.default_rng(seed)
+    S = np.array([[sd[0] ** 2, cor * sd[0] * sd[1]], [cor * sd[0] * sd[1], sd[1] ** 2]])
+    b = rng.multivariate_normal(np.zeros(2), S, size=n_groups)
+    g = np.repeat(np.arange(n_groups), n_per)
+    x, z = rng.normal(size=g.size), rng.normal(size=g.size)
+    f = beta[0] + beta[1] * x + beta[2] * z + b[g, 0] + b[g, 1] * x
+    if hinge:
+        lp, lm = -2 * np.maximum(0, 1 - f), -2 * np.maximum(0, 1 + f)
+        p = np.exp(lp - np.logaddexp(lp, lm))
+    else:
+        p = special.expit(f)
+    y = np.where(rng.random(g.size) < p, 1, 0)
+    h = rng.integers(0, 3, g.size)
+    return pd.DataFrame({"y": y, "x": x, "z": z, "g": [f"g{k:03d}" for k in g], "h": [f"h{k}" for k in h]})
