@@ -24,7 +24,7 @@ from vbsvm.exceptions import InterruptWarning, WorkerError
 from vbsvm.inference.gibbs import _common_length, run_chains
 from vbsvm.inference.vb import coordinate_ascent
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 CHILDREN = """

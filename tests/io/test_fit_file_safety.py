@@ -28,7 +28,7 @@ import vbsvm
 from vbsvm.exceptions import FitFileError, FormulaError, InputError, InputTypeError
 from vbsvm.formula.safety import MAX_FORMULA_LENGTH, check_formula
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def frame(n=60, seed=0):
