@@ -52,7 +52,8 @@ from vbsvm.formula.design import build_design
 from vbsvm.inference.ep import fit_calibrated, integrate_variances, log_prior_eta
 from vbsvm.inference.threads import limit_blas
 from vbsvm.models import hinge
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import CoefficientPosterior
 
 PROBLEMS = {
     "toenail": ("y ~ time * terbinafine + (1 | patient_id)", lambda: vbsvm.datasets.load("toenail"), None),

@@ -14,7 +14,8 @@ import pytest
 import vbsvm
 from vbsvm.formula.design import build_design
 from vbsvm.inference.vb import coordinate_ascent
-from vbsvm.models.linear import LinearSVMModel, row_blocks, weighted_gram
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import row_blocks, weighted_gram
 
 SETTINGS = {"penalty": "auto", "sigma2_beta": 1e8, "A_u": 0.01, "B_u": 0.01}
 

@@ -14,7 +14,8 @@ from scipy import integrate
 from scipy.special import gammaln
 
 from vbsvm.inference import ep
-from vbsvm.models.linear import LinearSVMModel, WoodburyPosterior
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import WoodburyPosterior
 
 
 def hinge(y, f):

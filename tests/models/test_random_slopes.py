@@ -26,7 +26,8 @@ import vbsvm
 from vbsvm.formula.design import build_design
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel, WorkingGram
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import CoefficientPosterior, WorkingGram
 
 from support.frames import slope_frame
 from support.oracle import vb_iteration_random_effects

@@ -1,4 +1,4 @@
-"""Linear Bayesian SVM by mean-field VB on a Dask DataFrame: one map-reduce over the partitions
+r"""Linear Bayesian SVM by mean-field VB on a Dask DataFrame: one map-reduce over the partitions
 per pass, the small q broadcast, the same algebra and the same answer as the in-memory fit.
 
 ``vbsvm.svm(formula, data=<dask.dataframe.DataFrame>, method="meanfield")`` lands here (Dask is

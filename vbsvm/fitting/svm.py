@@ -15,7 +15,7 @@ from vbsvm.fitting.dask import svm_dask
 from vbsvm.formula.design import build_design
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import check_loaded, read_fit_file, refusing
-from vbsvm.models.linear import row_blocks
+from vbsvm.models.linear_algebra import row_blocks
 from vbsvm.results.fit import Fit, fit_probit_calibration
 from vbsvm.results.gp import GPFit
 from vbsvm.results.imputed import ImputedFit

@@ -179,7 +179,8 @@ from vbsvm.distributions import Gaussian, InverseWishart
 from vbsvm.exceptions import InputError, InputTypeError
 from vbsvm.formula.design import categorical_calls
 from vbsvm.models import hinge
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import CoefficientPosterior
 
 __all__ = ["ImputedSVMModel", "CutImputedSVMModel", "Pattern", "Completion", "ImputationSpec", "hyperparameters",
            "imputation_columns", "imputation_spec", "DEFAULT_SIGMA2_MU", "DEFAULT_PSI", "DEFAULT_NU"]

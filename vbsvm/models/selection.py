@@ -178,7 +178,8 @@ from vbsvm.exceptions import InputError, InputTypeError
 from vbsvm.mcmc.model_jumps import ModelJumpTuner
 from vbsvm.mcmc.partial_noncentring import ExponentTuner
 from vbsvm.models import hinge
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel, WorkingGram
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import CoefficientPosterior, WorkingGram
 from vbsvm.models.priors import LaplaceZero
 from vbsvm.spd import spd_inverse
 

@@ -85,7 +85,8 @@ import pandas as pd
 from vbsvm.exceptions import ConvergenceWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models import hinge
-from vbsvm.models.linear import CoefficientPosterior, LinearSVMModel
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.models.linear_algebra import CoefficientPosterior
 
 __all__ = ["LinearResponse", "linear_response", "lr_covariance", "fixed_point_map", "vb_fixed_point"]
 

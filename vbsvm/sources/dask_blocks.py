@@ -16,7 +16,7 @@ import pickle
 import numpy as np
 
 from vbsvm.models import hinge
-from vbsvm.models.linear import WorkingGram, row_blocks
+from vbsvm.models.linear_algebra import WorkingGram, row_blocks
 from vbsvm.sources.dask_frames import import_dask
 
 #: sweep posteriors whose ``log chi`` a block keeps, the least recently used dropped first: a
