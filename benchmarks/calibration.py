@@ -1,4 +1,4 @@
-"""Issue #14 item 2: is ``predict(kind="prob")`` of the linear Bayesian SVM a calibrated class probability?
+"""Is ``predict(kind="prob")`` of the linear Bayesian SVM a calibrated class probability?
 
 Protocol. For every Rätsch set (response ``y``, all other columns as predictors, ``y ~ .``) we draw
 ``--splits`` random 70/30 train/test splits (split ``k`` permutes the rows with
@@ -38,7 +38,7 @@ intercept and slope: the logistic regression of the outcome on ``logit(p)`` (slo
 when calibrated; slope > 1: the probabilities are under-confident, too close to 1/2; slope < 1:
 over-confident).
 
-Acceptance (issue #14): ``|Brier(vb) - Brier(logistic)| <= 0.01`` on every set (split means).
+Acceptance: ``|Brier(vb) - Brier(logistic)| <= 0.01`` on every set (split means).
 
 Outputs: ``benchmarks/results/calibration.json`` (all numbers, per split), ``calibration.md`` (the
 tables), ``calibration.npz`` (the pooled test predictions of the plotted methods, float32;

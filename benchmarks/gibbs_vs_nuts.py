@@ -1,4 +1,4 @@
-"""vbsvm's Gibbs sampler against NumPyro NUTS on the same pseudo-posterior (issue #17).
+"""vbsvm's Gibbs sampler against NumPyro NUTS on the same pseudo-posterior.
 
 Two tables.
 

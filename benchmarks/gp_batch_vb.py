@@ -1,4 +1,4 @@
-"""Batch VB of the GP SVM (``gpsvm(method="vb")``, the full GP): time to convergence (issue #12).
+"""Batch VB of the GP SVM (``gpsvm(method="vb")``, the full GP): time to convergence.
 
 Batch VB is coordinate ascent of the natural-parameter updates with step 1 (SQUAREM-accelerated,
 :func:`vbsvm.inference.vb.coordinate_ascent` on :class:`vbsvm.models.gp.SparseGPSVM`); with

@@ -1,4 +1,4 @@
-"""The simulation acceptance check of ``missing="impute"`` (issue #13), for VB and Gibbs.
+"""The simulation acceptance check of ``missing="impute"``, for VB and Gibbs.
 
 MCAR-delete 30% of one correlated predictor (x1) from complete simulated data
 (:func:`vbsvm.datasets.simulate_mcar`, n = 400). Criteria for the conditional model (the
@@ -6,8 +6,8 @@ default), both engines: the imputed means correlate with the deleted values at l
 as the regression of x1 on (x2, x3); the coefficients are closer to the full-data fit than
 complete-case; the x1 coefficient's ratio to the full-data value is within 0.9-1.1 on average;
 VB (``meanfield``) vs Gibbs: imputed means correlate > 0.95 and coefficient means within 0.5
-Gibbs sd. The conditional model's calibrated ``method="vb"`` (EP fits pooled over completions,
-issue #12) is compared with its Gibbs fit too: coefficient means in Gibbs sd and sd ratios.
+Gibbs sd. The conditional model's calibrated ``method="vb"`` (EP fits pooled over
+completions) is compared with its Gibbs fit too: coefficient means in Gibbs sd and sd ratios.
 
 For each replicate we fit, by mean-field VB and by Gibbs,
 

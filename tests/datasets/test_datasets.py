@@ -280,7 +280,7 @@ def test_usps_not_shipped_error_says_where_to_look(monkeypatch, tmp_path):
     assert "usps/usps_3vs5_resampled.csv" in msg and "usps/PROVENANCE.md" in msg
     assert str(tmp_path / "env_dir") in msg and str(BUNDLED) in msg
     assert ENV in msg and "data_home" in msg
-    assert "shared" not in msg  # no directory of the development workspace (issue #14)
+    assert "shared" not in msg  # no directory outside the installed package
     # The environment variable is used once it holds the files.
     _fake_usps(tmp_path / "env_dir")
     assert load("usps").shape == (1540, 260)

@@ -1,4 +1,4 @@
-"""Combinations of model features (issue #11): each with a VB and a Gibbs fit on small simulated
+"""Combinations of model features: each with a VB and a Gibbs fit on small simulated
 data (fits run, the tables show the combined parameters, VB and Gibbs agree on an easy problem),
 the ELBO of the mean-field fit never decreases (plain and SQUAREM), and the combination reduces
 to the simpler model where that identity holds.

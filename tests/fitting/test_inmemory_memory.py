@@ -1,4 +1,4 @@
-"""Memory of the in-memory linear fit (issue #16): the design is the one n x p copy of the data, a
+"""Memory of the in-memory linear fit: the design is the one n x p copy of the data, a
 VB sweep adds a few row vectors and blocks of rows, and the blocked products equal the dense ones.
 
 Peaks are measured with ``tracemalloc`` (numpy reports its buffers to it), the frame built before

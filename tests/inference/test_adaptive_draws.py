@@ -1,4 +1,4 @@
-"""Adaptive run length of Gibbs fits (issue #17): chains continue exactly where they stopped.
+"""Adaptive run length of Gibbs fits: chains continue exactly where they stopped.
 
 * Engine (:func:`vbsvm.inference.gibbs.run_chains` with a ``monitor``): an extended run gives the
   draws of an uninterrupted run of the same length, serially and in worker processes; no extension

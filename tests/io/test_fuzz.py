@@ -1,6 +1,6 @@
 """Fuzz suite (hypothesis): random frames and formulas through svm, predict, save, load, compare
 and the command line. Only :mod:`vbsvm.exceptions` errors may escape, and the caller's frames are
-never modified (issue #15).
+never modified.
 
 Frames mix dtypes (floats with NaN, +-inf and extremes, large integers, booleans, strings,
 categoricals, objects mixing types) and responses with one, two or three levels; formulas are

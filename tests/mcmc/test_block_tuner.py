@@ -1,4 +1,4 @@
-"""The tuning of the linear sampler's fixed-effect block (issue #17): the schedule of fits and
+"""The tuning of the linear sampler's fixed-effect block: the schedule of fits and
 trials, which move runs and replaces the slice moves when, which one is kept, and the exact
 posterior when neither is kept (slice moves along the principal axes)."""
 

@@ -1,4 +1,4 @@
-"""The HMC move of the linear Gibbs sampler (issue #17).
+"""The HMC move of the linear Gibbs sampler.
 
 The transition against known targets (a skewed one by KS, a Gaussian's acceptance as the step
 shrinks); the dual averaging of the step; the gradient of the linear model's marginal target

@@ -1,4 +1,4 @@
-"""The block independence Metropolis-Hastings move of the Gibbs samplers (issue #17).
+"""The block independence Metropolis-Hastings move of the Gibbs samplers.
 
 The proposal's density and draws against scipy's multivariate t; the Metropolis-Hastings steps
 against a known target; and, through the public API, the linear sampler with the move kept

@@ -1,4 +1,4 @@
-"""Imputed predictors in interactions (issue #13 item 3; see vbsvm.models.missing, *Interactions*).
+"""Imputed predictors in interactions (see vbsvm.models.missing, *Interactions*).
 
 A design column ``x * (observed multiplier)`` is linear in the imputed ``x``: the completed design
 of a completion is the design evaluated on the completed data. Checked here:
@@ -380,8 +380,8 @@ def test_cut_gibbs_matches_multiple_imputation_with_interaction(fits):
 
 
 def test_simulation_documents_attenuation_of_the_interaction():
-    """True model with x:z, 30% of x MCAR-missing (6 replicates, 300 rows, VB). The acceptance
-    criterion of issue #13 item 3 -- the x:z coefficient closer to the full-data fit than with
+    """True model with x:z, 30% of x MCAR-missing (6 replicates, 300 rows, VB). The wished-for
+    property -- the x:z coefficient closer to the full-data fit than with
     complete cases -- does NOT hold: the conditional model d | y ~ N(m_y, Sigma) shares Sigma
     between the classes, so the regression of x on z is the same in both classes, while an x:z
     effect on y makes it differ (the imputation model lacks the y:z term it needs to be

@@ -216,7 +216,7 @@ def test_log_likelihood_group_makes_loo_and_compare_work(fits, tmp_path):
     assert "log_likelihood" not in xr.open_datatree(tmp_path / "g.nc", engine="h5netcdf").children
 
 
-# ------------------------------------------------------------------ rows with problems (issue #14.4)
+# ------------------------------------------------------------------ rows with problems
 @pytest.mark.parametrize("method", ["vb", "gibbs", "map"])
 def test_na_action_pass_drop_raise(fits, grouped, method):
     fit = fits[method]
@@ -266,7 +266,7 @@ def test_infinite_new_predictors_raise_naming_the_column(fits, grouped):
             fit.predict(new)
 
 
-# ------------------------------------------------------------------ text output (issue #14.7)
+# ------------------------------------------------------------------ text output
 @pytest.fixture(scope="module")
 def text_fits(fits, toenail):
     """Every kind of fit whose summary has its own sections."""

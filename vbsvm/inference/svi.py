@@ -209,6 +209,71 @@ class FitState:
 # ---------------------------------------------------------------------------------------------
 # Stochastic VI (Algorithm 1)
 # ---------------------------------------------------------------------------------------------
+def _natural_step(blocks, q, A, kt, yb, scale, sched):
+    """One natural-gradient step of q(u) on a minibatch (projection ``A``, ``kt`` of its rows):
+    ``(q_new, rho)``, the step halved (at most 7 times) until the new precision is PD with a finite
+    mean; None when the minibatch target is not finite or no step is PD."""
+    alpha, _ = blocks.local(A, kt, yb, q)
+    P_hat, h_hat = blocks.target(A, yb, alpha, scale)
+    if not (np.all(np.isfinite(P_hat)) and np.all(np.isfinite(h_hat))):
+        return None
+    g = np.concatenate([h_hat - q.shift, 0.5 * (P_hat - q.prec).ravel()])
+    rho = sched(g)
+    for _ in range(7):
+        P = (1.0 - rho) * q.prec + rho * P_hat
+        h = (1.0 - rho) * q.shift + rho * h_hat
+        q_new = blocks.gaussian(P, h)
+        try:
+            q_new.chol
+            if np.all(np.isfinite(q_new.mean)):
+                return q_new, rho
+        except np.linalg.LinAlgError:
+            pass
+        rho *= 0.5
+    return None
+
+
+def _hyper_step(blocks, q, adam, gth, gZ, inducing):
+    """One Adam step on the log-hyperparameters (clipped to [-12, 12]) and, with ``inducing``, the
+    inducing locations; q is rewhitened to the new frame. Returns ``(q, theta, ok)`` with ``theta``
+    the stepped log-hyperparameters; where the new kernel matrix is not PD the old hyperparameters
+    are restored and ``ok`` is False."""
+    L_old = blocks.L
+    th_old, Z_old = blocks.kernel.theta, blocks.Z.copy()
+    x = np.concatenate([th_old, Z_old.ravel()]) if inducing else th_old
+    gg = np.concatenate([gth, gZ.ravel()]) if inducing else gth
+    x = adam.step(x, gg)
+    blocks.kernel.theta = np.clip(x[:th_old.size], -12, 12)
+    if inducing:
+        blocks.Z = x[th_old.size:].reshape(Z_old.shape)
+    theta = blocks.kernel.theta
+    try:
+        blocks.refresh()
+        q = blocks.rewhiten(q, L_old)
+        q.chol
+    except np.linalg.LinAlgError:
+        blocks.kernel.theta, blocks.Z = th_old, Z_old
+        blocks.refresh()
+        return q, theta, False
+    return q, theta, True
+
+
+def _tail_average(blocks, windows):
+    """q(u) with the average natural parameters of the completed check windows (Polyak-Ruppert; a
+    convex combination of PD precisions, so PD), or None if they hold no step."""
+    P_sum = sum(w[0] for w in windows)
+    h_sum = sum(w[1] for w in windows)
+    k_sum = sum(w[2] for w in windows)
+    if k_sum == 0:
+        return None
+    q_avg = blocks.gaussian(P_sum / k_sum, h_sum / k_sum)
+    try:
+        q_avg.chol
+    except np.linalg.LinAlgError:  # pragma: no cover - convex combination of PD
+        return None
+    return q_avg
+
+
 def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
             check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.1,
             hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
@@ -286,28 +351,11 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
         Xb, yb = next(it_src)
         scale = n / Xb.shape[0]
         A, kt = blocks.project(Xb)
-        alpha, _ = blocks.local(A, kt, yb, q)
-        P_hat, h_hat = blocks.target(A, yb, alpha, scale)
-        if not (np.all(np.isfinite(P_hat)) and np.all(np.isfinite(h_hat))):
+        stepped = _natural_step(blocks, q, A, kt, yb, scale, sched)
+        if stepped is None:
             skipped += 1
             continue
-        g = np.concatenate([h_hat - q.shift, 0.5 * (P_hat - q.prec).ravel()])
-        rho = sched(g)
-        for _ in range(7):
-            P = (1.0 - rho) * q.prec + rho * P_hat
-            h = (1.0 - rho) * q.shift + rho * h_hat
-            q_new = blocks.gaussian(P, h)
-            try:
-                q_new.chol
-                if np.all(np.isfinite(q_new.mean)):
-                    break
-            except np.linalg.LinAlgError:
-                pass
-            rho *= 0.5
-        else:
-            skipped += 1
-            continue
-        q = q_new
+        q, rho = stepped
         rhos.append(rho)
         if average:
             win_P += q.prec
@@ -318,25 +366,11 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
             if hyper_mask is not None:
                 gth = gth * hyper_mask
             if np.all(np.isfinite(gth)):
-                L_old = blocks.L
-                th_old, Z_old = blocks.kernel.theta, blocks.Z.copy()
-                x = np.concatenate([th_old, Z_old.ravel()]) if optimize_inducing else th_old
-                gg = np.concatenate([gth, gZ.ravel()]) if optimize_inducing else gth
-                x = adam.step(x, gg)
-                blocks.kernel.theta = np.clip(x[:th_old.size], -12, 12)
-                if optimize_inducing:
-                    blocks.Z = x[th_old.size:].reshape(Z_old.shape)
+                q, theta, ok = _hyper_step(blocks, q, adam, gth, gZ, optimize_inducing)
                 moved = True
-                th_sum += blocks.kernel.theta
+                th_sum += theta
                 th_k += 1
-                try:
-                    blocks.refresh()
-                    q = blocks.rewhiten(q, L_old)
-                    q.chol
-                except np.linalg.LinAlgError:
-                    blocks.kernel.theta, blocks.Z = th_old, Z_old
-                    blocks.refresh()
-                    skipped += 1
+                skipped += not ok
         if t % check_every == 0:
             thetas.append(blocks.kernel.theta)
             if monitor is not None:
@@ -368,22 +402,13 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
             if calm >= patience and t >= min_iter:
                 converged = True
                 break
-    if average and done_windows and win_k == 0:
-        # average over the last completed windows with fixed hyperparameters
-        P_sum = sum(w[0] for w in done_windows)
-        h_sum = sum(w[1] for w in done_windows)
-        k_sum = sum(w[2] for w in done_windows)
-        if k_sum > 0:
-            q_avg = blocks.gaussian(P_sum / k_sum, h_sum / k_sum)
-            try:
-                q_avg.chol
-                q = q_avg
-                if monitor is not None:
-                    Xm, ym = monitor
-                    elbos.append(blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0]))
-                    elbo_at.append(t)
-            except np.linalg.LinAlgError:  # pragma: no cover - convex combination of PD
-                pass
+    q_avg = _tail_average(blocks, done_windows) if average and done_windows and win_k == 0 else None
+    if q_avg is not None:
+        q = q_avg
+        if monitor is not None:
+            Xm, ym = monitor
+            elbos.append(blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0]))
+            elbo_at.append(t)
     if not converged:
         warnings.warn(f"SVI stopped at max_iter={max_iter} before the monitored ELBO settled "
                       f"(tol={tol:g}); increase max_iter or tol", ConvergenceWarning, stacklevel=3)
