@@ -209,8 +209,17 @@ class LinearSVMModel(LinearVB, LinearGibbs, LinearMarginalMoves, LinearBlockMove
         self.covariance_components = [c for c in self.components if c.kind == "covariance"]
         self.intercept = intercept if intercept is not None and np.isfinite(fixed_precision[intercept]) else None
         self._tau0 = None if self.intercept is None else float(fixed_precision[self.intercept])
+        self._prepare_gibbs_moves(terms)
+        #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
+        self.blas_work = float(n) * self.qd ** 2
+
+    def _prepare_gibbs_moves(self, terms):
+        """The structures of the Gibbs moves, from the design as built: slice widths, the block of the
+        independence and HMC moves and its tuner, the random-intercept levels with their partially
+        non-centred variances, the slope terms and their shift maps, the coefficients with a known prior."""
         # Gibbs slice widths 3 / ||x_j||, from the design as built (models that fill in missing
         # entries change Cd later); column by column, so that no squared copy of it is formed
+        p = self.p
         X = self.Cd[:, :p]
         self._fixed_width = 3.0 / np.maximum([np.sqrt(np.add.reduce(X[:, j] * X[:, j])) for j in range(p)], 1e-12)
         # the block of the independence and HMC moves: the fixed effects and the log of each variance
@@ -260,8 +269,6 @@ class LinearSVMModel(LinearVB, LinearGibbs, LinearMarginalMoves, LinearBlockMove
         self._diagonal_prior = np.ones(self.q, dtype=bool)
         for c in self.covariance_components:
             self._diagonal_prior[c.index.ravel()] = False
-        #: flops of the largest product of a sweep (C^T W C), read by the engines' BLAS limit
-        self.blas_work = float(n) * self.qd ** 2
 
     @classmethod
     def from_design(cls, design, settings) -> "LinearSVMModel":
