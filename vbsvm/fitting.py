@@ -31,7 +31,7 @@ from .inference import pooled
 from .inference.dispatch import Readout
 from .inference.ep import fit_calibrated
 from .inference.ep_selection import fit_calibrated_selection
-from .inference.failures import numerical_failures
+from .inference.failures import fit_call, numerical_failures
 from .inference.threads import limit_blas
 from .models.linear import LinearSVMModel, covariance_arrays, fixed_effect_precision, meanfield_posterior, \
     random_effect_terms
@@ -57,13 +57,14 @@ def fit_design(design, settings, prior=None):
     vbsvm.results.Fit
         Or the subclass of the model (see the module docstring).
     """
-    if settings.get("missing") == "impute":
-        with numerical_failures("the imputation model"):
-            fit = fit_imputed(design, settings, prior)
-    elif prior is not None:
-        fit = fit_laplace_zero(design, settings, prior)
-    else:
-        fit = fit_linear(design, settings)
+    with fit_call(settings, prior):  # a numerical failure's advice is worded for this call
+        if settings.get("missing") == "impute":
+            with numerical_failures("the imputation model"):
+                fit = fit_imputed(design, settings, prior)
+        elif prior is not None:
+            fit = fit_laplace_zero(design, settings, prior)
+        else:
+            fit = fit_linear(design, settings)
     if fit.method == "gibbs":
         fit._warn_diagnostics()
     return fit
