@@ -23,7 +23,7 @@ import math
 import numpy as np
 import scipy.linalg
 
-__all__ = ["DRAW_RANGE", "LOG_2", "LOG_2PI", "LOG_DRAW_RANGE", "TINY", "chol_lower", "clip_log_draws", "outside_range", "readonly",
+__all__ = ["DRAW_RANGE", "LOG_2", "LOG_2PI", "LOG_DRAW_RANGE", "TINY", "chol_lower", "clip_log_draws", "exp_clipped", "outside_range", "readonly",
            "scalarize", "size_tuple"]
 
 #: The range of a positive draw (see the module docstring): exact inside, clipped to the nearer end outside.
@@ -109,8 +109,25 @@ def clip_log_draws(x, log_x, redo):
         ``x``, with the other entries unchanged (bit for bit).
     """
     if redo.any():
-        x[redo] = np.exp(np.clip(log_x(redo), *LOG_DRAW_RANGE))
+        x[redo] = exp_clipped(log_x(redo))
     return x
+
+
+def exp_clipped(log_x):
+    """``exp(log_x)`` clipped to :data:`DRAW_RANGE` (whose ends are returned exactly).
+
+    Parameters
+    ----------
+    log_x : array_like
+
+    Returns
+    -------
+    numpy.ndarray
+    """
+    log_x = np.asarray(log_x, dtype=np.float64)
+    return np.where(log_x >= LOG_DRAW_RANGE[1], DRAW_RANGE[1],
+                    np.where(log_x <= LOG_DRAW_RANGE[0], DRAW_RANGE[0],
+                             np.exp(np.clip(log_x, *LOG_DRAW_RANGE))))
 
 
 def outside_range(x):

@@ -20,7 +20,7 @@ import math
 import numpy as np
 import scipy.special as sc
 
-from .common import DRAW_RANGE, LOG_DRAW_RANGE, TINY, clip_log_draws, outside_range, readonly, scalarize, size_tuple
+from .common import DRAW_RANGE, TINY, clip_log_draws, exp_clipped, outside_range, readonly, scalarize, size_tuple
 
 __all__ = ["InverseGamma", "log_standard_gamma_draws", "sample_gamma", "sample_inverse_gamma_truncated",
            "sample_log_standard_gamma", "sample_standard_gamma"]
@@ -375,7 +375,7 @@ def sample_inverse_gamma_truncated(shape, scale, bounds, rng):
         log_g, _ = log_standard_gamma_draws(np.where(fix, 0.0, 1.0), np.broadcast_to(shape, fix.shape), rng)
         log_x = np.broadcast_to(np.log(scale), fix.shape)[fix] - log_g[fix]
         out[fix] = (log_x <= log_lo) | (log_x >= log_hi)
-        x[fix] = np.exp(np.clip(log_x, *LOG_DRAW_RANGE))
+        x[fix] = exp_clipped(log_x)
     if out.any():
         a = np.broadcast_to(shape, x.shape)[out]
         b = np.broadcast_to(scale, x.shape)[out]

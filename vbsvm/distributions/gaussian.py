@@ -12,7 +12,7 @@ __all__ = ["FAR_TAIL_SD", "Gaussian", "sample_truncated_normal", "sample_truncat
 
 #: Distance (in sd) of a truncation interval's nearer end from the mean beyond which
 #: :func:`sample_truncated_normal` draws by the exponential tail method instead of by inversion.
-FAR_TAIL_SD = 1e4
+FAR_TAIL_SD = 1e6
 
 
 class Gaussian:
@@ -207,10 +207,11 @@ def sample_truncated_normal(mean, sd, low, high, rng):
     intervals anywhere in the tails, e.g. ``[40, 41]`` standard units, where ``Phi`` itself
     rounds to 1. ``low`` may be ``-inf`` and ``high`` ``+inf``; ``low < high`` is required.
 
-    An interval whose nearer end lies more than :data:`FAR_TAIL_SD` ``= 1e4`` sd from the mean
-    (where the inversion's absolute error, about ``1e-16`` times that distance, is no longer
-    small against the law's spread, the reciprocal of that distance, and where ``log_ndtr``
-    overflows beyond ``1e154`` sd) is drawn instead as the nearer end plus (inwards)
+    An interval whose nearer end lies more than :data:`FAR_TAIL_SD` ``= 1e6`` sd from the mean is
+    drawn instead (there the inversion's error, about ``1e-16`` times the squared distance in
+    units of the law's spread, exceeds ``1e-4`` of that spread; in ``mean + sd * z`` the nearer
+    end is lost to rounding when it is small against ``mean``; and beyond ``1e154`` sd
+    ``log_ndtr`` overflows) as the nearer end plus (inwards)
     ``sd * y``, :math:`y \sim \mathrm{Exp}(d)` truncated to the interval (``d`` the distance in
     sd) and accepted with probability :math:`e^{-y^2/2}` (exact; the acceptance rate exceeds
     ``1 - 1e-8``), computed in the original units so that ``mean``, ``sd`` and the bounds may

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bessel import dlog_kv_dnu, exp_e1, log_kve
-from .common import LOG_2, LOG_2PI, LOG_DRAW_RANGE, clip_log_draws, outside_range, readonly, scalarize, size_tuple
+from .common import LOG_2, LOG_2PI, clip_log_draws, exp_clipped, outside_range, readonly, scalarize, size_tuple
 
 __all__ = ["CHI_FLOOR", "GIG", "InverseGaussian", "sample_gig_half", "sample_log_gig"]
 
@@ -126,7 +126,7 @@ def sample_gig_half(chi, rng):
 
 def _asinh_exp(log_t):
     """``arcsinh(exp(log_t))`` without overflow (``log(2 t)`` to double precision for ``t > 1e130``)."""
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", under="ignore"):
         return np.where(log_t > 300.0, log_t + LOG_2, np.arcsinh(np.exp(np.minimum(log_t, 300.0))))
 
 
@@ -149,10 +149,10 @@ def _ig_log_draws(log_mu, log_omega, n, u):
     numpy.ndarray
         :math:`\log x`.
     """
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", under="ignore"):
         log_t = np.log(np.abs(n)) - LOG_2 - 0.5 * log_omega
-    two_asinh = 2.0 * _asinh_exp(log_t)
-    accept = u * (1.0 + np.exp(-two_asinh)) <= 1.0
+        two_asinh = 2.0 * _asinh_exp(log_t)
+        accept = u * (1.0 + np.exp(-two_asinh)) <= 1.0
     return log_mu + np.where(accept, -two_asinh, two_asinh)
 
 
@@ -210,9 +210,11 @@ def _gig_right_root(p, c, log_cp, log_cm):
     with np.errstate(divide="ignore"):
         s_neg = np.minimum((c + 1.0) / np.abs(p), np.log(2.0 * (c + 1.0)) - log_cp)
     s_hi = np.maximum(np.where(p >= 0, s_pos, s_neg), 1e-300)
-    lo, hi = np.zeros_like(s_hi), s_hi
-    for _ in range(60):  # bisection steps, vectorized over the parameter sets
-        mid = 0.5 * (lo + hi)
+    # D(1e-300) > -1 (c is below 1e300 for b up to 1e300): bisect geometrically, the root may be
+    # as small as 1e-150
+    lo, hi = np.full_like(s_hi, 1e-300), s_hi
+    for _ in range(64):  # bisection steps in log s, vectorized over the parameter sets
+        mid = np.sqrt(lo) * np.sqrt(hi)
         below = _gig_d(mid, p, c, log_cp, log_cm)[0] < -1.0
         hi = np.where(below, mid, hi)
         lo = np.where(below, lo, mid)
@@ -241,19 +243,31 @@ def sample_log_gig(p, log_b, rng):
     numpy.ndarray
         :math:`\log y`.
     """
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):  # exp of far tails: 0 or inf by design
+        return _sample_log_gig(p, log_b, rng)
+
+
+def _sample_log_gig(p, log_b, rng):
+    """The body of :func:`sample_log_gig`."""
     p, log_b = np.broadcast_arrays(np.asarray(p, dtype=np.float64), np.asarray(log_b, dtype=np.float64))
     shape = p.shape
     p, log_b = p.ravel(), log_b.ravel()
-    m, c, log_cp, log_cm = _gig_mode_offset(p, log_b)
-    s_r = _gig_right_root(p, c, log_cp, log_cm)
-    s_l = -_gig_right_root(-p, c, log_cm, log_cp)
-    d_r, g_r = _gig_d(s_r, p, c, log_cp, log_cm)
-    d_l, g_l = _gig_d(s_l, p, c, log_cp, log_cm)
+    # the envelope of each distinct parameter set, then spread to the elements
+    distinct, which = np.unique(np.stack([p, log_b]), axis=1, return_inverse=True)
+    which = which.ravel()
+    pu, lbu = distinct
+    m, c, log_cp, log_cm = _gig_mode_offset(pu, lbu)
+    s_r = _gig_right_root(pu, c, log_cp, log_cm)
+    s_l = -_gig_right_root(-pu, c, log_cm, log_cp)
+    d_r, g_r = _gig_d(s_r, pu, c, log_cp, log_cm)
+    d_l, g_l = _gig_d(s_l, pu, c, log_cp, log_cm)
     g_r, g_l = np.minimum(g_r, -1e-300), np.maximum(g_l, 1e-300)  # D is strictly concave with D'(0) = 0
     mass_mid = s_r - s_l
     mass_r = np.exp(d_r) / -g_r
     mass_l = np.exp(d_l) / g_l
     total = mass_mid + mass_r + mass_l
+    m, c, log_cp, log_cm, s_r, s_l, d_r, g_r, d_l, g_l, mass_mid, mass_r, total = (
+        v[which] for v in (m, c, log_cp, log_cm, s_r, s_l, d_r, g_r, d_l, g_l, mass_mid, mass_r, total))
     out = np.empty(p.shape)
     todo = np.arange(p.size)
     for _ in range(1000):  # rejection rounds; each accepts at least 70% of what is left
@@ -602,7 +616,7 @@ class GIG:
         gen = bc(self._general)
         if gen.any():
             lx = log_ratio[gen] + sample_log_gig(bc(self.gamma)[gen], log_omega[gen], rng)
-            out[gen] = lx if log else np.exp(np.clip(lx, *LOG_DRAW_RANGE))
+            out[gen] = lx if log else exp_clipped(lx)
         return out
 
 
