@@ -22,7 +22,7 @@ import scipy.special as sc
 
 from .common import DRAW_RANGE, TINY, clip_log_draws, exp_clipped, outside_range, readonly, scalarize, size_tuple
 
-__all__ = ["InverseGamma", "log_standard_gamma_draws", "sample_gamma", "sample_inverse_gamma_truncated",
+__all__ = ["InverseGamma", "gamma_tail_redraws", "log_standard_gamma_draws", "sample_gamma", "sample_inverse_gamma_truncated",
            "sample_log_standard_gamma", "sample_standard_gamma"]
 
 _LOG_TINY = math.log(TINY)
@@ -35,9 +35,38 @@ _FAR_TAIL = 1e-290
 _LOWER_TAIL = 1e-8
 
 
+def gamma_tail_redraws(g, shape, rng):
+    """Where numpy's gamma draws ``g`` are below :data:`TINY`, and the logarithms of their redraws
+    from the conditional law there (see the module docstring); no random numbers are used when
+    there is none.
+
+    Parameters
+    ----------
+    g : numpy.ndarray
+        Draws of ``rng.standard_gamma``.
+    shape : array_like
+        Their shapes, broadcastable to ``g``.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    tail : numpy.ndarray of bool
+        Where ``g`` is replaced.
+    log_tail : numpy.ndarray or None
+        Of ``g``'s shape, the redrawn logarithms at ``tail`` (``0`` elsewhere); None without a tail.
+    """
+    tail = g < TINY
+    if not tail.any():
+        return tail, None
+    a = np.broadcast_to(shape, g.shape)[tail]
+    log_tail = np.zeros(g.shape)
+    log_tail[tail] = _LOG_TINY + np.log(1.0 - rng.random(a.shape)) / a  # U in (0, 1]
+    return tail, log_tail
+
+
 def log_standard_gamma_draws(g, shape, rng):
     """The logarithms of numpy's gamma draws ``g``, with the draws below :data:`TINY` redrawn
-    from the conditional law there (see the module docstring).
+    from the conditional law there (:func:`gamma_tail_redraws`).
 
     Parameters
     ----------
@@ -55,15 +84,19 @@ def log_standard_gamma_draws(g, shape, rng):
         Where ``g`` was redrawn (``g`` itself is not changed).
     """
     g = np.asarray(g, dtype=np.float64)
-    tail = g < TINY
+    tail, log_tail = gamma_tail_redraws(g, shape, rng)
     with np.errstate(divide="ignore"):
         log_g = np.log(g)
-    if tail.any():
-        a = np.broadcast_to(shape, g.shape)[tail]
-        u = 1.0 - rng.random(a.shape)  # in (0, 1]
-        log_g = np.array(log_g, copy=True)
-        log_g[tail] = _LOG_TINY + np.log(u) / a
+    if log_tail is not None:
+        log_g = np.where(tail, log_tail, log_g)
     return log_g, tail
+
+
+def _log_gamma_at(g, tail, log_tail, i):
+    """The exact logarithms of the gamma draws at the boolean index ``i``."""
+    with np.errstate(divide="ignore"):
+        log_g = np.log(g[i])
+    return log_g if log_tail is None else np.where(tail[i], log_tail[i], log_g)
 
 
 def sample_log_standard_gamma(shape, rng, size=None):
@@ -258,8 +291,8 @@ class InverseGamma:
                                      - b * np.asarray(q.mean_inv())))
 
     def _log_draws(self, rng, size):
-        """``(b, x, log_x)``: numpy's floating point draws ``b / G`` and their exact logarithms,
-        ``b`` broadcast to the draws' shape."""
+        """``(b, x, gamma)``: ``b`` broadcast to the draws' shape, numpy's floating point draws
+        ``x = b / G`` and ``gamma = (G, tail, log_tail)`` (:func:`gamma_tail_redraws`)."""
         if size is None:  # the Gibbs samplers' per-sweep call: the same draws without the broadcasts
             a, b = self.a, self.b
             g = np.asarray(rng.standard_gamma(a), dtype=np.float64)
@@ -267,10 +300,11 @@ class InverseGamma:
             full = size_tuple(size) + self.shape
             a, b = np.broadcast_to(self.a, full), np.broadcast_to(self.b, full)
             g = rng.standard_gamma(a, size=full)
-        log_g, tail = log_standard_gamma_draws(g, a, rng)
+        g = np.asarray(g, dtype=np.float64)
+        tail, log_tail = gamma_tail_redraws(g, a, rng)
         with np.errstate(divide="ignore", over="ignore", under="ignore"):
             x = np.array(b / g, dtype=np.float64)
-        return b, x, log_g, tail
+        return b, x, (g, tail, log_tail)
 
     def sample(self, rng, size=None):
         """Random draws, ``scale / Gamma(shape, 1)``.
@@ -292,8 +326,8 @@ class InverseGamma:
             exceeds ``1e300`` with probability about ``1e-3``, and is then ``1e300``, never
             ``inf``. :meth:`sample_log` gives the exact logarithms.
         """
-        b, x, log_g, tail = self._log_draws(rng, size)
-        x = clip_log_draws(x, lambda i: np.log(b[i]) - log_g[i], tail | outside_range(x))
+        b, x, gamma = self._log_draws(rng, size)
+        x = clip_log_draws(x, lambda i: np.log(b[i]) - _log_gamma_at(*gamma, i), gamma[1] | outside_range(x))
         return scalarize(x) if size is None else x
 
     def sample_log(self, rng, size=None):
@@ -310,8 +344,8 @@ class InverseGamma:
         numpy.ndarray
             ``log scale - log G`` of shape ``size + self.shape``.
         """
-        b, _, log_g, _ = self._log_draws(rng, size)
-        return np.log(b) - log_g
+        b, _, gamma = self._log_draws(rng, size)
+        return np.log(b) - _log_gamma_at(*gamma, ...)
 
     def sample_truncated(self, bounds, rng):
         """One draw of each component restricted to ``bounds = (lo, hi)``
@@ -366,11 +400,14 @@ def sample_inverse_gamma_truncated(shape, scale, bounds, rng):
     g = np.asarray(rng.standard_gamma(shape), dtype=np.float64)
     with np.errstate(divide="ignore", over="ignore", under="ignore"):
         x = np.atleast_1d(scale / g)
-        log_lo, log_hi = np.log(lo), np.log(hi)
-        # a gamma draw below the smallest double is above ``hi`` anyway unless scale / TINY < hi:
-        # only then is it redrawn below TINY (:func:`sample_log_standard_gamma`)
-        fix = np.atleast_1d((g < TINY) & (np.log(scale) - _LOG_TINY < log_hi))
     out = (x <= lo) | (x >= hi)
+    fix = np.atleast_1d(g < TINY)
+    if fix.any():
+        with np.errstate(divide="ignore"):
+            log_lo, log_hi = np.log(lo), np.log(hi)
+            # a gamma draw below the smallest double is above ``hi`` anyway unless scale / TINY < hi:
+            # only then is it redrawn below TINY (:func:`sample_log_standard_gamma`)
+            fix &= np.atleast_1d(np.log(scale) - _LOG_TINY < log_hi)
     if fix.any():
         log_g, _ = log_standard_gamma_draws(np.where(fix, 0.0, 1.0), np.broadcast_to(shape, fix.shape), rng)
         log_x = np.broadcast_to(np.log(scale), fix.shape)[fix] - log_g[fix]
