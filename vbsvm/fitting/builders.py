@@ -30,7 +30,7 @@ from vbsvm.inference import dispatch, pooled
 from vbsvm.inference.dispatch import Readout
 from vbsvm.inference.ep import fit_calibrated
 from vbsvm.inference.ep_selection import fit_calibrated_selection
-from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.failures import fit_call, numerical_failures
 from vbsvm.inference.threads import limit_blas
 from vbsvm.models.linear import (
     LinearSVMModel,
@@ -69,13 +69,14 @@ def fit_design(design, settings, prior=None):
     vbsvm.results.fit.Fit
         Or the subclass of the model (see the module docstring).
     """
-    if settings.get("missing") == "impute":
-        with numerical_failures("the imputation model"):
-            fit = fit_imputed(design, settings, prior)
-    elif prior is not None:
-        fit = fit_laplace_zero(design, settings, prior)
-    else:
-        fit = fit_linear(design, settings)
+    with fit_call(settings, prior):  # a numerical failure's advice is worded for this call
+        if settings.get("missing") == "impute":
+            with numerical_failures("the imputation model"):
+                fit = fit_imputed(design, settings, prior)
+        elif prior is not None:
+            fit = fit_laplace_zero(design, settings, prior)
+        else:
+            fit = fit_linear(design, settings)
     if fit.method == "gibbs":
         fit._warn_diagnostics()
     return fit

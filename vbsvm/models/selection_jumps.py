@@ -8,6 +8,7 @@ import math
 import numpy as np
 from scipy import stats
 
+from vbsvm.distributions import LOG_DRAW_RANGE
 from vbsvm.models.selection_algebra import LOG_2
 
 
@@ -141,6 +142,10 @@ class SelectionJumps:
         eta)`` and ``f`` the scores."""
         nf = self.fixed_index.size
         beta, v, eta = x[:nf], x[nf:-1], x[-1]
+        if not LOG_DRAW_RANGE[0] <= eta <= LOG_DRAW_RANGE[1]:
+            # sigma_u^2 outside the range its draws take (vbsvm.distributions.DRAW_RANGE): rejected,
+            # and exp(-eta) would overflow
+            return -math.inf
         k = v.size
         return float(-2.0 * np.maximum(0.0, 1.0 - self.y * f).sum() - 0.5 * np.sum(self.fixed_tau * beta * beta)
                      - k * (LOG_2 + 0.5 * eta) - np.abs(v).sum() * math.exp(-0.5 * eta)
