@@ -109,6 +109,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from .dask_checks import check_partition, meta_mismatch
 from .exceptions import InputError
 from .models import hinge
 from .models.linear import LinearSVMModel, WorkingGram, fixed_effect_precision, meanfield_posterior, row_blocks
@@ -210,8 +211,12 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
     numeric_cols = [c for c in columns if c not in level_cols]
     # pass 1: the rows, the levels (distinct values per partition, merged by a tree: no shuffle),
     # the numeric ranges
-    scans = [dask.delayed(_scan)(p, response, level_cols, numeric_cols) for p in data.to_delayed()]
-    got = dask.compute(_tree_reduce(scans, _merge_scans))[0]
+    scans = [dask.delayed(_scan)(p, response, level_cols, numeric_cols, dtypes, i)
+             for i, p in enumerate(data.to_delayed())]
+    try:
+        got = dask.compute(_tree_reduce(scans, _merge_scans))[0]
+    except ValueError as exc:  # Dask's own check of a partition against the meta
+        raise meta_mismatch(exc) or exc from None
     if int(got["n"]) == 0:
         raise InputError("data has no rows; pass a non-empty Dask DataFrame.")
     if int(got["y_missing"]):
@@ -271,8 +276,11 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
     return _design_class()(**fields)
 
 
-def _scan(frame, response, level_cols, numeric_cols) -> dict:
-    """Rows, missing responses, distinct values of ``level_cols``, range of ``numeric_cols``."""
+def _scan(frame, response, level_cols, numeric_cols, meta_dtypes=None, index=None) -> dict:
+    """Rows, missing responses, distinct values of ``level_cols``, range of ``numeric_cols``
+    (after checking the partition's dtypes against ``meta_dtypes``, the frame's)."""
+    if meta_dtypes is not None:
+        check_partition(frame, meta_dtypes, [*level_cols, *numeric_cols], index)
     num = frame[numeric_cols]
     return {"n": len(frame), "y_missing": int(frame[response].isna().sum()),
             "levels": {c: frame[c].dropna().drop_duplicates() for c in level_cols},

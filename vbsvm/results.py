@@ -727,12 +727,17 @@ def _frame_to_dataset(df: pd.DataFrame) -> xr.Dataset:
     index = df.index.to_numpy()
     if not pd.api.types.is_integer_dtype(df.index):
         index = np.asarray(df.index.astype(str), dtype=object)
-    return xr.Dataset(data, coords={"obs": index})
+    from .design_data import storable_columns  # names with '/' stored under another name
+
+    return xr.Dataset(storable_columns(data), coords={"obs": index})
 
 
 def _dataset_to_frame(ds: xr.Dataset) -> pd.DataFrame:
+    from .design_data import column_name
+
     cols = {}
-    for name, da in ds.data_vars.items():
+    for key, da in ds.data_vars.items():
+        name = column_name(key, da.attrs)
         kind = da.attrs.get("dtype", "float64")
         v = da.values
         if kind == "bool":
