@@ -221,7 +221,8 @@ class Design:
     def linearly_separable(self, max_size: int = 5_000_000, *, intercept: bool = True) -> bool | None:
         """Whether the fixed effects separate the complete rows (some ``beta`` puts every row
         beyond the margin, ``y_i x_i^T beta >= 1``: a linear-programming feasibility problem,
-        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked). On such data the
+        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
+        decide (numerical difficulties with both of its methods). On such data the
         hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior.
 
         With ``intercept=False`` the intercept is held at 0 (any fixed value gives the same answer:
@@ -238,9 +239,14 @@ class Design:
             return False
         from scipy.optimize import linprog
 
-        res = linprog(np.zeros(p), A_ub=-(self.y[complete, None] * X), b_ub=-np.ones(n), bounds=(None, None),
-                      method="highs")
-        return res.status == 0
+        A, b = -(self.y[complete, None] * X), -np.ones(n)
+        # 0: a separating beta found; 2: infeasible (not separable); anything else (numerical
+        # difficulties) is retried by the dual simplex, then left undecided (None)
+        for method in ("highs-ipm", "highs-ds"):
+            status = linprog(np.zeros(p), A_ub=A, b_ub=b, bounds=(None, None), method=method).status
+            if status in (0, 2):
+                return status == 0
+        return None
 
     def to_original(self, size: int | None = None) -> np.ndarray:
         """Matrix ``T`` with ``beta_original = T @ beta_standardized``.
