@@ -48,9 +48,10 @@ __all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS", "desig
 MISSING_ACTIONS = ("drop", "raise", "impute")
 
 #: Most levels a categorical fixed-effect predictor (``C(g)`` or a text column) may have. Each level
-#: is a column of the design and a fit costs about ``n p^2`` per sweep: a 400-level factor on 2000
-#: rows takes 13 s to fit, 5000 levels would take hours; ``(1 | g)`` fits such a factor in seconds
-#: (``benchmarks/results/bad_data.json``).
+#: is a column of the design and a fit costs about ``n p^2`` per sweep: on 2000 rows the fit time
+#: grows about like the square of the levels (400 levels: ten times the fit of ``(1 | g)``), so
+#: thousands of levels take hours; ``(1 | g)`` fits such a factor in seconds
+#: (``benchmarks/bad_data.py``).
 MAX_FACTOR_LEVELS = 1000
 #: Largest block of dummy columns (rows x (levels - 1) x 8 bytes) one categorical predictor may make.
 MAX_FACTOR_BYTES = 2 ** 30
