@@ -784,7 +784,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         raise FormulaError(f"cannot parse the formula {formula!r}: {_formulaic_text(exc).rstrip('.')}."
                            + _spaced_names_hint(formula, columns)) from None
     except SyntaxError as exc:  # formulaic parses each term as Python
-        raise _python_syntax_error(formula, exc) from None
+        raise _python_syntax_error(formula, exc, f"the formula {formula!r}") from None
     needed_vars = needed_vars + re_vars
     absent = [v for v in needed_vars if v not in columns]
     called = set(call_names(formula))
@@ -943,7 +943,7 @@ def _model_matrix(rhs: str, raw: pd.DataFrame, what: str):
     except FormulaicError as exc:
         raise FormulaError(f"cannot parse {what}: {_formulaic_text(exc)}") from None
     except SyntaxError as exc:
-        raise _python_syntax_error(what, exc) from None
+        raise _python_syntax_error(f"y ~ {rhs}", exc, what) from None
 
 
 def _check_r_calls(formula: str, columns) -> None:
@@ -954,22 +954,20 @@ def _check_r_calls(formula: str, columns) -> None:
             raise FormulaError(f"cannot use the formula {formula!r}: {r_call_problem(name, formula)}.")
 
 
-def _python_syntax_error(formula: str, exc) -> FormulaError:
-    """A :class:`FormulaError` for a term that formulaic could not parse as Python (``exc``): the
-    whitelist check of :mod:`vbsvm.formula_safety` names the offending part where it can."""
+def _python_syntax_error(formula: str, exc: SyntaxError, what: str) -> FormulaError:
+    """A :class:`FormulaError` for a term of ``formula`` that formulaic could not parse as Python
+    (``exc``); the whitelist check of :mod:`vbsvm.formula_safety` names the offending part where
+    it can. ``what`` names the formula in the message."""
     from .formula_safety import check_formula
 
-    text = formula if "~" in formula else None
-    if text is not None:
-        try:
-            check_formula(text)
-        except FormulaError as refusal:
-            return FormulaError(f"cannot parse the formula: {refusal}")
-    where = f" at {exc.text.strip()!r}" if isinstance(exc, SyntaxError) and exc.text else ""
-    return FormulaError(f"cannot parse {formula if text is None else repr(formula)}: a term is not valid Python{where} "
-                        f"({getattr(exc, 'msg', None) or exc}); use column names (backquote names that are not "
-                        "Python names: `my var`), numbers, + - * / : ** ^ | and functions such as C(), I(), "
-                        "np.log().")
+    try:
+        check_formula(formula)
+    except FormulaError as refusal:  # names the formula and the part at fault
+        return refusal
+    where = f" at {exc.text.strip()!r}" if exc.text else ""
+    return FormulaError(f"cannot parse {what}: a term is not valid Python{where} ({exc.msg}); use column names "
+                        "(backquote names that are not Python names: `my var`), numbers, + - * / : ** ^ | and "
+                        "functions such as C(), I(), np.log().")
 
 
 def _mentioned_columns(text: str, columns) -> set:
@@ -983,8 +981,7 @@ def _required_columns(rhs: str, columns, exclude) -> set:
     needed = set(formulaic.Formula(rhs).required_variables)
     # formulaic leaves out names that are also its transforms (a column called `cs`, `bs`, `poly`,
     # `center`, ...): add every column the formula mentions by name.
-    text = rhs.replace("`", " ")
-    needed |= {c for c in columns if c not in exclude and re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", text)}
+    needed |= _mentioned_columns(rhs, columns) - set(exclude)
     # formulaic reads `cad.dur` as the attribute of `cad`: drop such stems of dotted columns
     needed -= {v for v in needed if v not in columns and any(c.startswith(v + ".") for c in needed)}
     return needed
