@@ -52,7 +52,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     penalty : "auto", float or None
         ``"auto"``: ``sigma2_u ~ IG(A_u, B_u)`` on the non-intercept fixed effects, so the penalty
         ``alpha = 1/(4 sigma2_u)`` is inferred; a float fixes ``alpha`` (cost ``C = 1/(2 alpha)``);
-        ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect.
+        ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect. On data that the fixed
+        effects separate, ``None`` makes the coefficients as large as ``sigma2_beta`` allows and
+        ``"auto"`` with ``A_u <= 1`` leaves them without finite posterior means (see
+        :func:`warn_about_data`): ``svm`` checks by a linear program (up to ``n * p`` = 5e6),
+        warns, and records ``fit.info["separable"]`` and a summary note.
     prior : None or vbsvm.LaplaceZero
         ``vbsvm.LaplaceZero(...)``: spike-and-slab Laplace selection of the fixed effects
         (:mod:`vbsvm.models.selection`); combines with random intercepts and random slopes, and
@@ -350,31 +354,16 @@ def _separation_under_inferred_penalty(design, A_u, max_lp_size) -> dict:
     return found
 
 
-def _warn_numbers_as_text(design, min_levels=10):
+def _warn_numbers_as_text(design):
     """Warn about text predictor columns most of whose values parse as numbers."""
-    from .design import _categorical_calls
+    from .design import numbers_as_text
 
-    dtypes = design.raw.dtypes
-    explicit = set(_categorical_calls(design.formula))
-    for c in design.fixed_vars or ():
-        dtype = dtypes[c]
-        if pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype) \
-                or isinstance(dtype, pd.CategoricalDtype) or not (pd.api.types.is_object_dtype(dtype)
-                                                                 or pd.api.types.is_string_dtype(dtype)):
-            continue
-        values = design.raw[c].dropna()
-        numbers = pd.to_numeric(values, errors="coerce")
-        parsed, total = int(numbers.notna().sum()), len(values)
-        if total == 0 or 2 * parsed < total or values.nunique() <= min_levels:
-            continue
-        if parsed == total and c in explicit:
-            continue  # numeric codes the user made categorical on purpose: C(zip)
-        odd = pd.unique(values[numbers.isna()]).tolist()[:3]
+    for c, parsed, total, odd, levels in numbers_as_text(design):
         warnings.warn(
             f"column {c!r} looks numeric: {parsed} of {total} values parse as numbers"
             + (f", but {total - parsed} {'does' if total - parsed == 1 else 'do'} not (e.g. {odd})" if odd
                else ", but the column holds them as text")
-            + f", so it enters as a categorical predictor with {values.nunique()} levels. If it is a number, "
+            + f", so it enters as a categorical predictor with {levels} levels. If it is a number, "
             f"convert it first: data[{c!r}] = pd.to_numeric(data[{c!r}], errors='coerce') (the other "
             "values become missing), then refit.", DiagnosticWarning, stacklevel=4)
 

@@ -43,7 +43,7 @@ from .exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeEr
 from .formula_habits import R_FUNCTIONS, call_names, python_power, r_call_problem
 
 __all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS", "design_to_text", "design_from_text",
-           "MAX_FACTOR_LEVELS", "MAX_FACTOR_BYTES", "MAX_STANDARDIZED"]
+           "MAX_FACTOR_LEVELS", "MAX_FACTOR_BYTES", "MAX_STANDARDIZED", "numbers_as_text"]
 
 MISSING_ACTIONS = ("drop", "raise", "impute")
 
@@ -683,6 +683,34 @@ def _check_factor_sizes(raw: pd.DataFrame, columns, formula: str) -> None:
                 f"of levels). Model it as a random effect, (1 | {_quote(c)}), which pools the levels "
                 "and fits in seconds; or merge rare levels; or, to fit every level as a fixed effect anyway, "
                 f"add the dummy columns yourself (pd.get_dummies(data[{c!r}], drop_first=True, dtype=float)).")
+
+
+def numbers_as_text(design: Design, min_levels: int = 10) -> list:
+    """The text predictor columns of ``design`` that look numeric: at least half of their values
+    parse as numbers and they have more than ``min_levels`` distinct values, so that as factors they
+    make a column per value. Columns of numeric codes that the formula makes categorical with
+    ``C()`` on purpose (every value a number) are left out.
+
+    Returns
+    -------
+    list of tuple
+        ``(column, values that parse, values, up to 3 that do not, distinct values)`` per column.
+    """
+    dtypes = design.raw.dtypes
+    explicit = set(_categorical_calls(design.formula))
+    out = []
+    for c in design.fixed_vars or ():
+        dtype = dtypes[c]
+        if pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype) \
+                or isinstance(dtype, pd.CategoricalDtype) or not pd.api.types.is_string_dtype(dtype):
+            continue
+        values = design.raw[c].dropna()
+        numbers = pd.to_numeric(values, errors="coerce")
+        parsed, total, levels = int(numbers.notna().sum()), len(values), int(values.nunique())
+        if total == 0 or 2 * parsed < total or levels <= min_levels or (parsed == total and c in explicit):
+            continue
+        out.append((c, parsed, total, pd.unique(values[numbers.isna()]).tolist()[:3], levels))
+    return out
 
 
 def _missing_mask(data: pd.DataFrame, columns) -> np.ndarray:
