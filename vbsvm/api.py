@@ -11,6 +11,7 @@ import pandas as pd
 from . import validation
 from .design import build_design
 from .exceptions import DiagnosticWarning, InputError
+from .formula_habits import self_powers
 from .fitting import fit_design
 from .inference.threads import limit_blas
 from .models.linear import row_blocks
@@ -232,13 +233,12 @@ def warn_about_data(design, *, penalty=None, A_u=None, separability=True, max_lp
     Returns
     -------
     dict
-        What was found, for ``fit.info``: ``separable`` (True/False; None when the LP was skipped
-        for size) and ``separable_without_intercept`` where separability was checked.
+        What was found, for ``fit.info``: ``separable`` where it was checked (True/False; None when
+        the LP was skipped for size or undecided) and, for separable data under ``penalty="auto"``,
+        ``separable_without_intercept`` (whether the slopes alone separate).
     """
     found = {}
     _warn_numbers_as_text(design)
-    from .formula_habits import self_powers
-
     for term in self_powers(design.formula):
         name = term.rsplit("^", 1)[0]
         warnings.warn(
