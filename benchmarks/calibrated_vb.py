@@ -184,7 +184,7 @@ def run_meanfield(name, lr=False):
                         method="meanfield")
         coef = fit.coef
         if lr:
-            coef = coef.assign(sd_lr=vbsvm.posterior.linear_response(fit).sd.to_numpy()[: len(coef)])
+            coef = coef.assign(sd_lr=vbsvm.linear_response(fit).sd.to_numpy()[: len(coef)])
     vc = fit.varcomp()
     vc = vc.loc[[i for i in vc.index if i.startswith("sigma2")]]
     return {"mean": coef["mean"].to_numpy(), "sd": (coef["sd_lr"] if lr else coef["sd"]).to_numpy(),

@@ -12,7 +12,7 @@ Two problems:
 Gibbs: 4 chains x 5000 draws after 2000 tuning draws (``--draws``/``--tune``), R-hat and ESS
 reported. For every coefficient: ``|VB mean - Gibbs mean| / Gibbs sd``, ``VB sd / Gibbs sd``,
 ``LR sd / Gibbs sd`` and the accuracy ``100 (1 - 0.5 * integral |q - p_Gibbs|)`` from
-``vbsvm.results.compare``. Forest and density plots of the first simulated data set and of toenail go
+``vbsvm.compare``. Forest and density plots of the first simulated data set and of toenail go
 to ``vignettes/figures/compare_{sim,toenail}_{forest,density}.png``; everything to
 ``benchmarks/results/vb_vs_gibbs.json`` (the printed tables to ``.md``).
 """

@@ -367,7 +367,7 @@ def cmd_demo(args):
     _print("Reading: the default VB (EP over a grid of the variance) takes well under a second and\n"
            "agrees with the exact sampler: compare diff_sd, sd_ratio and accuracy above. The paper's\n"
            "mean-field VB (method='meanfield') puts this variance near a third of Gibbs' and its sds\n"
-           "near half; check any fast fit with vbsvm.results.compare() before trusting its intervals.")
+           "near half; check any fast fit with vbsvm.compare() before trusting its intervals.")
     _plots(cmp, args)
     return 0
 

@@ -127,13 +127,13 @@ print(gibbs.varcomp().round(3).to_string())
 # %% [markdown]
 # ## Does the fast fit agree with Gibbs?
 #
-# `vbsvm.results.compare` puts the two posteriors side by side, Gibbs as the reference. `diff_sd` is the
+# `vbsvm.compare` puts the two posteriors side by side, Gibbs as the reference. `diff_sd` is the
 # difference of the means in Gibbs sds, `sd_ratio` the ratio of the sds, and `accuracy` the
 # overlap of the two marginal densities (100% = identical). An accuracy above 90% means the fast
 # fit can stand in for the sampler for that parameter.
 
 # %%
-cmp = vbsvm.results.compare(vb, gibbs)
+cmp = vbsvm.compare(vb, gibbs)
 table = cmp.table()
 print(table.round(4).to_string())
 table.to_csv(RESULTS / f"getting_started_compare{SUFFIX}.csv")

@@ -97,7 +97,7 @@ print(out.round(3).to_string())
 #
 # With fixed hyperparameters and every training row an inducing point, batch VB and Gibbs fit
 # the same full-GP model. We compare their predictive scores at the test rows in units of the
-# Gibbs sd, their class probabilities, and (by `vbsvm.results.compare`) the accuracy of VB's marginal of
+# Gibbs sd, their class probabilities, and (by `vbsvm.compare`) the accuracy of VB's marginal of
 # `f` at 20 training rows (100% = the same density as Gibbs).
 
 # %%
@@ -109,7 +109,7 @@ with warnings.catch_warnings():
 sv, sg = vb.predict(test, kind="score"), gibbs.predict(test, kind="score")
 dist = np.abs(sv["mean"] - sg["mean"]) / sg["sd"]
 pv, pg = vb.predict(test, kind="prob"), gibbs.predict(test, kind="prob")
-acc = vbsvm.results.compare(vb, gibbs, n_points=20).table()["vb_accuracy"].dropna()
+acc = vbsvm.compare(vb, gibbs, n_points=20).table()["vb_accuracy"].dropna()
 print(pd.Series({
     "|mean_VB - mean_Gibbs| / sd_Gibbs, median": dist.median(),
     "|mean_VB - mean_Gibbs| / sd_Gibbs, 90% quantile": dist.quantile(0.9),

@@ -94,7 +94,7 @@ def test_compare_of_different_formulas_names_the_missing_column_not_newdata(df):
     small = map_fit("y ~ x", df[["y", "x"]])
     big = map_fit("y ~ x + z", df)
     with pytest.warns(DiagnosticWarning, match="different formulas"):
-        cmp = vbsvm.results.compare(small, big)
+        cmp = vbsvm.compare(small, big)
     with pytest.raises(InputError) as info:
         cmp.predictions()
     msg = str(info.value)
@@ -111,11 +111,11 @@ def test_linear_response_limit_does_not_suggest_an_option_the_cli_lacks(df, monk
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
         mf = vbsvm.svm("y ~ x", df, method="meanfield")
-        cmp = vbsvm.results.compare(map_fit("y ~ x", df), mf)  # the first fit is the reference
+        cmp = vbsvm.compare(map_fit("y ~ x", df), mf)  # the first fit is the reference
     with pytest.warns(DiagnosticWarning) as record:
         table = cmp.table()
     msg = " ".join(str(w.message) for w in record)
-    assert "skipped above 10 rows" in msg and "vbsvm.posterior.linear_response(fit, max_n=...)" in msg
+    assert "skipped above 10 rows" in msg and "vbsvm.linear_response(fit, max_n=...)" in msg
     assert "Pass a larger max_n" not in msg
     assert not any(c.endswith("_sd_lr") for c in table.columns)
 

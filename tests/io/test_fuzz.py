@@ -129,7 +129,7 @@ def run_case(df, newdata, formula, options, operation, kind):
             back.predict(newdata, kind=kind)
         elif operation == "compare":
             other = fit(formula, newdata, dict(options, method="gibbs" if options["method"] != "gibbs" else "vb"))
-            vbsvm.results.compare(first, other).table()
+            vbsvm.compare(first, other).table()
     assert [fingerprint(df), fingerprint(newdata)] == prints, "an input frame was modified"
 
 

@@ -20,7 +20,7 @@ from vbsvm.mcmc import hmc
 from vbsvm.mcmc import block_tuner
 from vbsvm.mcmc.block_tuner import BlockTuner
 from vbsvm.mcmc.hmc import hmc_transition, trajectory_steps, whiten
-from vbsvm.models import hinge, linear
+from vbsvm.models import hinge, linear, linear_block_moves
 from support import exact
 from support.exact import P_MIN
 
@@ -156,7 +156,7 @@ def test_the_batched_target_of_the_independence_move_is_the_same_density():
 def imh_rejects(monkeypatch):
     """The independence move rejects every proposal (still an exact kernel), so that the tuner
     turns to HMC."""
-    monkeypatch.setattr(linear, "independence_steps", lambda *args: (-1, 0))
+    monkeypatch.setattr(linear_block_moves, "independence_steps", lambda *args: (-1, 0))
 
 
 def test_exact_posterior_with_the_hmc_move_kept(block_phases, imh_rejects):

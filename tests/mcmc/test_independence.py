@@ -15,7 +15,7 @@ from scipy import stats
 from vbsvm.mcmc import independence
 from vbsvm.mcmc.block_tuner import BlockTuner
 from vbsvm.mcmc.independence import StudentTProposal, independence_steps
-from vbsvm.models import linear
+from vbsvm.models import linear, linear_block_moves
 from support import exact
 from support.exact import P_MIN
 
@@ -84,7 +84,7 @@ def test_exact_posterior_with_the_independence_move_kept(block_phases):
 def test_exact_check_detects_an_independence_move_without_its_proposal_density(block_phases, monkeypatch):
     """Accepting with ``pi'/pi`` instead of ``(pi' q) / (pi q')`` targets ``pi q``: rejected."""
     steps = independence.independence_steps
-    monkeypatch.setattr(linear, "independence_steps",
+    monkeypatch.setattr(linear_block_moves, "independence_steps",
                         lambda lt, ltp, lq, lqp, rng: steps(lt, ltp, 0.0 * lq, 0.0 * np.asarray(lqp), rng))
     with pytest.raises(AssertionError):
         exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)

@@ -1,4 +1,4 @@
-"""vbsvm.results.compare: the accuracy score on known densities, the comparison table, predictions, plots."""
+"""vbsvm.compare: the accuracy score on known densities, the comparison table, predictions, plots."""
 
 import warnings
 
@@ -332,7 +332,7 @@ def test_compare_gp_svi_against_gibbs_of_the_same_formula(tmp_path):
         warnings.simplefilter("ignore")
         svi = vbsvm.gpsvm("cls ~ a + b", df, **kw)
         gibbs = vbsvm.gpsvm("cls ~ a + b", df, method="gibbs", draws=600, tune=200, chains=2, **kw)
-    c = vbsvm.results.compare(svi, gibbs, n_points=12)
+    c = vbsvm.compare(svi, gibbs, n_points=12)
     assert c.reference == "gibbs"
     tab = c.table()
     f_rows = [p for p in tab.index if p.startswith("f[")]
@@ -347,11 +347,11 @@ def test_compare_gp_svi_against_gibbs_of_the_same_formula(tmp_path):
     with pytest.raises(InputError, match="GP fits"):
         c.plot("forest")
     with pytest.raises(InputError, match="n_points"):
-        vbsvm.results.compare(svi, gibbs, n_points=0)
+        vbsvm.compare(svi, gibbs, n_points=0)
     # saved GP fits carry no training rows: f is compared at the reference's inducing points
     svi.save(tmp_path / "svi.nc")
     gibbs.save(tmp_path / "gibbs.nc")
-    loaded = vbsvm.results.compare(vbsvm.load(tmp_path / "svi.nc"), vbsvm.load(tmp_path / "gibbs.nc"))
+    loaded = vbsvm.compare(vbsvm.load(tmp_path / "svi.nc"), vbsvm.load(tmp_path / "gibbs.nc"))
     tab2 = loaded.table()
     assert sum(p.startswith("f[z") for p in tab2.index) == 15
     assert tab2.filter(like="f[z", axis=0)["svi_accuracy"].median() > 70

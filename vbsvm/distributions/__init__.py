@@ -119,10 +119,19 @@ from vbsvm.distributions import common as _common
 from vbsvm.distributions.bernoulli import Bernoulli
 from vbsvm.distributions.bessel import dlog_kv_dnu, exp_e1, log_kve
 from vbsvm.distributions.common import DRAW_RANGE, LOG_DRAW_RANGE
-from vbsvm.distributions.gamma import (InverseGamma, sample_gamma, sample_inverse_gamma_truncated,
-                                       sample_log_standard_gamma, sample_standard_gamma)
-from vbsvm.distributions.gaussian import (FAR_TAIL_SD, Gaussian, sample_truncated_normal,
-                                          sample_truncated_std_normal)
+from vbsvm.distributions.gamma import (
+                                       InverseGamma,
+                                       sample_gamma,
+                                       sample_inverse_gamma_truncated,
+                                       sample_log_standard_gamma,
+                                       sample_standard_gamma,
+)
+from vbsvm.distributions.gaussian import (
+                                       FAR_TAIL_SD,
+                                       Gaussian,
+                                       sample_truncated_normal,
+                                       sample_truncated_std_normal,
+)
 from vbsvm.distributions.gig import CHI_FLOOR, GIG, InverseGaussian, sample_gig_half, sample_log_gig
 from vbsvm.distributions.wishart import InverseWishart
 

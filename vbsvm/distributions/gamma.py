@@ -20,8 +20,16 @@ import math
 import numpy as np
 import scipy.special as sc
 
-from vbsvm.distributions.common import (DRAW_RANGE, TINY, clip_log_draws, exp_clipped, outside_range,
-                                        readonly, scalarize, size_tuple)
+from vbsvm.distributions.common import (
+    DRAW_RANGE,
+    TINY,
+    clip_log_draws,
+    exp_clipped,
+    outside_range,
+    readonly,
+    scalarize,
+    size_tuple,
+)
 
 __all__ = ["InverseGamma", "gamma_tail_redraws", "log_standard_gamma_draws", "sample_gamma", "sample_inverse_gamma_truncated",
            "sample_log_standard_gamma", "sample_standard_gamma"]

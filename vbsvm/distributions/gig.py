@@ -15,8 +15,16 @@ from __future__ import annotations
 import numpy as np
 
 from vbsvm.distributions.bessel import dlog_kv_dnu, exp_e1, log_kve
-from vbsvm.distributions.common import (LOG_2, LOG_2PI, clip_log_draws, exp_clipped, outside_range, readonly,
-                                        scalarize, size_tuple)
+from vbsvm.distributions.common import (
+    LOG_2,
+    LOG_2PI,
+    clip_log_draws,
+    exp_clipped,
+    outside_range,
+    readonly,
+    scalarize,
+    size_tuple,
+)
 
 __all__ = ["CHI_FLOOR", "GIG", "InverseGaussian", "sample_gig_half", "sample_log_gig"]
 

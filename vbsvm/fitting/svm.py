@@ -12,7 +12,8 @@ from vbsvm import validation
 from vbsvm.exceptions import DiagnosticWarning, InputError
 from vbsvm.fitting.builders import check_re_prior, fit_design
 from vbsvm.fitting.dask import svm_dask
-from vbsvm.formula.design import build_design
+from vbsvm.formula.design import build_design, numbers_as_text
+from vbsvm.formula.habits import self_powers
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import check_loaded, read_fit_file, refusing
 from vbsvm.models.linear_algebra import row_blocks
@@ -58,7 +59,11 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     penalty : "auto", float or None
         ``"auto"``: ``sigma2_u ~ IG(A_u, B_u)`` on the non-intercept fixed effects, so the penalty
         ``alpha = 1/(4 sigma2_u)`` is inferred; a float fixes ``alpha`` (cost ``C = 1/(2 alpha)``);
-        ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect.
+        ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect. On data that the fixed
+        effects separate, ``None`` makes the coefficients as large as ``sigma2_beta`` allows and
+        ``"auto"`` with ``A_u <= 1`` leaves them without finite posterior means (see
+        :func:`warn_about_data`): ``svm`` checks by a linear program (up to ``n * p`` = 5e6),
+        warns, and records ``fit.info["separable"]`` and a summary note.
     prior : None or vbsvm.LaplaceZero
         ``vbsvm.LaplaceZero(...)``: spike-and-slab Laplace selection of the fixed effects
         (:mod:`vbsvm.models.selection`); combines with random intercepts and random slopes, and
@@ -165,8 +170,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         return svm_dask(formula, data, settings, prior=prior, persist=persist)
     design = build_design(formula, data, standardize=standardize, missing=missing)
     check_re_prior(design, settings, prior)
-    warn_about_data(design, separability=settings["penalty"] is None)
+    found = warn_about_data(design, penalty=settings["penalty"], A_u=settings["A_u"],
+                            separability=settings["penalty"] is None or prior is None)
     fit = fit_design(design, settings, prior)
+    fit.info.update(found)
     # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
     # blocks of rows so that the prediction's copies of the design stay small
     step = max(1024, 2 ** 18 // max(design.p, 1))
@@ -185,19 +192,44 @@ def _names(cols, k=8):
     return f"{cols[:k]}" + (f" and {len(cols) - k} more" if len(cols) > k else "")
 
 
-def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
+#: Largest shape A_u of the IG(A_u, B_u) prior on sigma2_u at which separable data leave the
+#: coefficients without posterior means (see :func:`warn_about_data`): 1/2 when the slopes alone
+#: separate the classes, 1 (as sigma2_beta grows) when the separation needs the intercept.
+SEPARATION_SHAPE, SEPARATION_SHAPE_WITH_INTERCEPT = 0.5, 1.0
+
+
+def warn_about_data(design, *, penalty=None, A_u=None, separability=True, max_lp_size=5_000_000) -> dict:
     """Issue :class:`DiagnosticWarning` for properties of the data the user should know about.
 
+    * **numbers stored as text**: a text column most of whose values parse as numbers (one stray
+      string, a thousands separator) becomes a factor with a level per distinct value;
+    * **x^2 outside I()**: the term ``x`` crossed with itself, i.e. ``x`` (as in R), not its square;
     * **non-identified columns**: the fixed-effect design (complete rows) is rank deficient —
       duplicated or collinear columns, or fewer rows than columns; the likelihood cannot tell
       the named columns' effects apart and the prior decides how they are shared;
-    * **separable data** (when ``separability``; :func:`svm` asks for it with ``penalty=None``,
-      where it matters and costs an LP, skipped above ``max_lp_size = n * p``): some theta puts
-      every point beyond the margin; the hinge pseudo-likelihood is then flat in that direction
-      and the size of the coefficients is set by the vague prior;
+    * **separable data** (when ``separability``): some theta puts every point beyond the margin;
+      the hinge pseudo-likelihood is then flat in that direction and the size of the coefficients
+      is set by the prior. Checked (a linear program, skipped above ``max_lp_size = n * p``)
+      where it decides whether the posterior has means: ``penalty=None`` (the vague prior sets
+      the size) and ``penalty="auto"`` with ``A_u <= 1`` (see the derivation in the code);
     * a grouping factor with **a single level** (confounded with the intercept) or with **one
       row per level** (its intercepts can absorb every point).
+
+    Returns
+    -------
+    dict
+        What was found, for ``fit.info``: ``separable`` where it was checked (True/False; None when
+        the LP was skipped for size or undecided) and, for separable data under ``penalty="auto"``,
+        ``separable_without_intercept`` (whether the slopes alone separate).
     """
+    found = {}
+    _warn_numbers_as_text(design)
+    for term in self_powers(design.formula):
+        name = term.rsplit("^", 1)[0]
+        warnings.warn(
+            f"'{term}' in the formula is {name} crossed with itself, which is {name} (as in R), not its "
+            f"square; write I({term}) for the square (or poly({name}, {term.rsplit('^', 1)[1]}) for "
+            "orthogonal polynomials).", DiagnosticWarning, stacklevel=3)
     complete = ~design.missing_mask.any(axis=1)
     X = design.X if complete.all() else design.X[complete]
     names = list(design.column_names)
@@ -230,13 +262,17 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                     f"rank {p - len(null)} < {p}): the data cannot tell their effects apart and the "
                     "prior decides how they are shared; remove the redundant column(s) from the formula.",
                     DiagnosticWarning, stacklevel=3)
-        if separability and design.linearly_separable(max_lp_size):
-            warnings.warn(
-                "the data are linearly separable by the fixed effects (every point can be put "
-                "beyond the margin): the hinge pseudo-likelihood is flat along the separating "
-                "direction, so the size of the coefficients is set by the prior (very large "
-                "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
-                "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
+        if separability and penalty is None:
+            found["separable"] = design.linearly_separable(max_lp_size)
+            if found["separable"]:
+                warnings.warn(
+                    "the data are linearly separable by the fixed effects (every point can be put "
+                    "beyond the margin): the hinge pseudo-likelihood is flat along the separating "
+                    "direction, so the size of the coefficients is set by the prior (very large "
+                    "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
+                    "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
+        elif separability and penalty == "auto" and A_u is not None and A_u <= SEPARATION_SHAPE_WITH_INTERCEPT:
+            found.update(_separation_under_inferred_penalty(design, A_u, max_lp_size))
     for g in design.groups:
         counts = np.bincount(g.codes, minlength=g.n_levels)
         if g.n_levels == 1:
@@ -250,6 +286,70 @@ def warn_about_data(design, *, separability=True, max_lp_size=5_000_000):
                 f"put every point beyond the margin, so sigma2_{g.name} and the coefficients are "
                 f"driven by the priors; remove (1 | {g.name}) or use a coarser grouping.",
                 DiagnosticWarning, stacklevel=3)
+    return found
+
+
+def _separation_under_inferred_penalty(design, A_u, max_lp_size) -> dict:
+    """Check separability for ``penalty="auto"`` and warn where the posterior means of the
+    coefficients do not exist (at most two LPs of the size of the design).
+
+    Why the thresholds on A_u. The penalized coefficients beta (p of them, standardized scale)
+    have beta | s ~ N(0, s I), s = sigma2_u ~ IG(A, B); integrating s out, their prior density is
+    proportional to (B + |beta|^2 / 2)^-(A + p/2), which falls like r^-(2A + p) along a ray of
+    length r = |beta|. The hinge pseudo-likelihood exp(-2 sum_i max(0, 1 - y_i (b0 + x_i'beta)))
+    is exactly 1 where every margin is >= 1.
+
+    * If the slopes alone separate (y_i x_i'u > 0 for all i, for an open set of directions u),
+      then at any fixed intercept b0 the likelihood is 1 on {r u : r > r0(u, b0)}, a cone of
+      positive solid angle. In polar coordinates the posterior mass there is proportional to
+      int r^(p-1) r^-(2A+p) dr = int r^(-2A-1) dr (finite: the posterior is proper for A > 0),
+      and E|beta| gets int r^(-2A) dr, finite iff 2A > 1. So the posterior means of the
+      coefficients do not exist iff A_u <= 1/2 (their sds iff A_u <= 1), whatever sigma2_beta.
+    * If the separation needs the intercept (b0 = c r grows with r, c != 0), the ray's feasible
+      intercepts form an interval of length proportional to r, so with a flat intercept prior the
+      mass is int r^(-2A) dr (proper iff A > 1/2) and E|beta| is int r^(1-2A) dr (finite iff
+      A > 1). The N(0, sigma2_beta) intercept prior cuts the ray at r ~ sigma_beta / |c|: the
+      means are finite but grow without bound with sigma2_beta iff A_u <= 1.
+
+    Gibbs on simulate_luts(500, 100) (slopes separate) with A_u = 0.01: median |beta| 1.3e4 and
+    sigma2_u draws up to 2.6e9; with A_u = 2: median |beta| 82.
+    """
+    separable = design.linearly_separable(max_lp_size)
+    found = {"separable": separable}
+    if not separable:
+        return found
+    slopes = design.linearly_separable(max_lp_size, intercept=False) if design.has_intercept else True
+    found["separable_without_intercept"] = slopes
+    shape = f"IG(A_u={A_u:g}, B_u) prior on sigma2_u"
+    if slopes and A_u <= SEPARATION_SHAPE:
+        consequence = (f"so the coefficients' posterior has the heavy tail of the {shape}: their posterior means "
+                       f"do not exist for A_u <= {SEPARATION_SHAPE:g} (nor their sds for A_u <= 1)")
+        fix = f"A_u > {SEPARATION_SHAPE:g} (finite means; A_u > 1 for finite sds, e.g. A_u=2, B_u=1)"
+    else:
+        consequence = (f"and with the {shape} the coefficients' posterior means exist only through the intercept's "
+                       f"N(0, sigma2_beta) prior: they grow without bound with sigma2_beta for A_u <= "
+                       f"{SEPARATION_SHAPE_WITH_INTERCEPT:g}")
+        fix = f"A_u > {SEPARATION_SHAPE_WITH_INTERCEPT:g} (e.g. A_u=2, B_u=1)"
+    warnings.warn(
+        "the data are linearly separable by the fixed effects (every point can be put beyond the margin): "
+        f"the hinge pseudo-likelihood is flat along the separating directions, {consequence}. Gibbs draws then "
+        "wander to very large values and the VB summaries describe the approximation, not such a posterior. "
+        f"Fix the penalty (penalty=<float>, e.g. penalty=1.0) or give sigma2_u a lighter tail: {fix}.",
+        DiagnosticWarning, stacklevel=4)
+    return found
+
+
+def _warn_numbers_as_text(design):
+    """Warn about text predictor columns most of whose values parse as numbers."""
+
+    for c, parsed, total, odd, levels in numbers_as_text(design):
+        warnings.warn(
+            f"column {c!r} looks numeric: {parsed} of {total} values parse as numbers"
+            + (f", but {total - parsed} {'does' if total - parsed == 1 else 'do'} not (e.g. {odd})" if odd
+               else ", but the column holds them as text")
+            + f", so it enters as a categorical predictor with {levels} levels. If it is a number, "
+            f"convert it first: data[{c!r}] = pd.to_numeric(data[{c!r}], errors='coerce') (the other "
+            "values become missing), then refit.", DiagnosticWarning, stacklevel=4)
 
 
 #: Gibbs tuning sweeps for ``tune=None``, and with a Laplace-zero prior (see :func:`default_tune`)

@@ -5,6 +5,7 @@ The formula follows R/patsy conventions, read by :mod:`formulaic`::
     y ~ x1 + np.log(x2) + C(sex) + x1:x2 + (1 | patient_id) + (1 | centre)
     y ~ .                     # every column except the response and grouping columns
     y ~ x1 + x2 - 1           # no intercept
+    y ~ I(x^2) + (a + b)^2    # ^ inside a call is R's power (see vbsvm.formula.habits)
 
 * The **response** must have exactly two distinct values. 0/1 and False/True map to
   -1/+1; -1/+1 stay as they are; for strings or categoricals the second level (the
@@ -39,10 +40,25 @@ import pandas as pd
 from formulaic.errors import FactorEvaluationError, FormulaicError
 
 from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
+from vbsvm.formula.habits import R_FUNCTIONS, call_names, python_power, r_call_problem
+from vbsvm.formula.safety import check_formula
 
-__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS"]
+__all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS",
+           "MAX_FACTOR_LEVELS", "MAX_FACTOR_BYTES", "MAX_STANDARDIZED", "numbers_as_text"]
 
 MISSING_ACTIONS = ("drop", "raise", "impute")
+
+#: Most levels a categorical fixed-effect predictor (``C(g)`` or a text column) may have. Each level
+#: is a column of the design and a fit costs about ``n p^2`` per sweep: on 2000 rows the fit time
+#: grows about like the square of the levels (400 levels: ten times the fit of ``(1 | g)``), so
+#: thousands of levels take hours; ``(1 | g)`` fits such a factor in seconds
+#: (``benchmarks/bad_data.py``).
+MAX_FACTOR_LEVELS = 1000
+#: Largest block of dummy columns (rows x (levels - 1) x 8 bytes) one categorical predictor may make.
+MAX_FACTOR_BYTES = 2 ** 30
+#: Largest distance of a new value from the training mean, in training sds, that predictions
+#: accept: beyond it the score's variance (a sum of squares of such values) would overflow float64.
+MAX_STANDARDIZED = 1e100
 
 
 
@@ -204,21 +220,35 @@ class Design:
             mask[self.column_names.index("Intercept")] = False
         return mask
 
-    def linearly_separable(self, max_size: int = 5_000_000) -> bool | None:
+    def linearly_separable(self, max_size: int = 5_000_000, *, intercept: bool = True) -> bool | None:
         """Whether the fixed effects separate the complete rows (some ``beta`` puts every row
         beyond the margin, ``y_i x_i^T beta >= 1``: a linear-programming feasibility problem,
-        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked). On such data the
-        hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior."""
+        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
+        decide (numerical difficulties with both of its methods). On such data the
+        hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior.
+
+        With ``intercept=False`` the intercept is held at 0 (any fixed value gives the same answer:
+        the question is whether the slopes alone separate, through the origin of the predictors as
+        the design holds them, i.e. their training means when standardized)."""
         complete = ~self.missing_mask.any(axis=1)
         X = self.X if complete.all() else self.X[complete]
+        if not intercept and self.has_intercept:
+            X = np.delete(X, self.column_names.index("Intercept"), axis=1)
         n, p = X.shape
         if n * p > max_size:
             return None
+        if p == 0:
+            return False
         from scipy.optimize import linprog
 
-        res = linprog(np.zeros(p), A_ub=-(self.y[complete, None] * X), b_ub=-np.ones(n), bounds=(None, None),
-                      method="highs")
-        return res.status == 0
+        A, b = -(self.y[complete, None] * X), -np.ones(n)
+        # 0: a separating beta found; 2: infeasible (not separable); anything else (numerical
+        # difficulties) is retried by the dual simplex, then left undecided (None)
+        for method in ("highs-ipm", "highs-ds"):
+            status = linprog(np.zeros(p), A_ub=A, b_ub=b, bounds=(None, None), method=method).status
+            if status in (0, 2):
+                return status == 0
+        return None
 
     def to_original(self, size: int | None = None) -> np.ndarray:
         """Matrix ``T`` with ``beta_original = T @ beta_standardized``.
@@ -260,6 +290,8 @@ class Design:
                 f"newdata lacks the column(s) {absent} that the formula {self.formula!r} uses; "
                 "pass a frame with the same predictor columns as the training data."
             )
+        _check_unique_columns(newdata, needed, "newdata")
+        _check_column_types(newdata, needed, "newdata")
         categorical = set(categorical_calls(self.formula))
         for c in needed:
             if c in self.raw.columns and (c in categorical or not pd.api.types.is_numeric_dtype(self.raw[c])):
@@ -302,10 +334,33 @@ class Design:
                 f"(in {int(rows.sum())} row(s)); the model has no score there: replace "
                 "them (e.g. by NaN, to get NaN predictions for those rows) or drop those rows."
             )
+        self._check_extrapolation(X)
         if standardized:
             X -= self.center
             X /= self.scale
         return X
+
+    def _check_extrapolation(self, X):
+        """Refuse new values more than :data:`MAX_STANDARDIZED` training sds from the training
+        mean (the standardized scale; without standardization the value itself), column by column
+        (no n x p copy): the variance of their scores, a sum of squares, would overflow."""
+        if not len(X):
+            return
+        with np.errstate(over="ignore", invalid="ignore"):
+            for j, name in enumerate(self.column_names):
+                if name == "Intercept":
+                    continue
+                far = np.abs(X[:, j] - self.center[j]) > MAX_STANDARDIZED * self.scale[j]
+                if far.any():
+                    rows = np.flatnonzero(far)
+                    where = (f"training sds ({self.scale[j]:.3g}) from the training mean ({self.center[j]:.3g})"
+                             if self.standardize else "in absolute value")
+                    raise InputError(
+                        f"newdata gives design column {name!r} value(s) such as {X[rows[0], j]:.3g} (in "
+                        f"{rows.size} row(s), the first at position {rows[0]}), more than {MAX_STANDARDIZED:.0e} "
+                        f"{where}: the variance of the model's score there overflows float64, so its "
+                        "predictions would be meaningless; check the column's units, or drop those rows "
+                        "(or set them to NaN).")
 
     def incomplete_rows(self, newdata: pd.DataFrame, *, imputable: bool = False) -> np.ndarray:
         """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
@@ -448,7 +503,8 @@ def _split_formula(formula: str):
             f"formula {formula!r} must have exactly one '~' with the response on the left, "
             "e.g. 'y ~ x1 + x2'."
         )
-    lhs, rhs = (s.strip() for s in formula.split("~"))
+    # R's I(x^2) is the square, not Python's exclusive or
+    lhs, rhs = (s.strip() for s in python_power(formula).split("~"))
     if not lhs:
         raise FormulaError(f"formula {formula!r} has no response; write it as 'y ~ ...'.")
     lhs = lhs.strip("`")
@@ -486,14 +542,22 @@ def _split_formula(formula: str):
     return lhs, fixed, terms
 
 
+_QUOTED = re.compile(r"(`[^`]*`|'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+_LONE_DOT = re.compile(r"(?<![\w.`])\.(?![\w.`])")
+
+
 def _expand_dot(fixed: str, columns, response: str, groups) -> str:
-    if not re.search(r"(^|[\s+*:(~-])\.($|[\s+*:)-])", fixed):
+    """``fixed`` with each lone ``.`` (outside backquoted names and strings) replaced by the sum of
+    the other columns. The names are inserted as plain text, never as a regular-expression
+    replacement (a name such as ``a\\b`` or ``a\\g<0>`` stays what it is)."""
+    pieces = _QUOTED.split(fixed)  # odd positions: the quoted pieces, kept as they are
+    if not any(_LONE_DOT.search(p) for p in pieces[::2]):
         return fixed
     others = [c for c in columns if c != response and c not in groups]
     if not others:
         raise FormulaError("'.' in the formula found no predictor columns besides the response.")
     dot = "(" + " + ".join(quote_name(str(c)) for c in others) + ")"
-    return re.sub(r"(?<![\w.`])\.(?![\w.`])", dot, fixed)
+    return "".join(p if k % 2 else _LONE_DOT.sub(lambda _: dot, p) for k, p in enumerate(pieces))
 
 
 _NAME = r"(?:[A-Za-z_][A-Za-z0-9_]*|`[^`]+`)"
@@ -562,15 +626,92 @@ def _select_columns(data: pd.DataFrame, columns) -> pd.DataFrame:
     return data[columns]
 
 
-def _check_column_types(frame: pd.DataFrame, columns) -> None:
-    """Dates and durations are not predictors as they stand: say which columns and how to convert."""
-    bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(frame[c])
-           or pd.api.types.is_timedelta64_dtype(frame[c]) or isinstance(frame[c].dtype, pd.PeriodDtype)]
+def _check_column_types(frame: pd.DataFrame, columns, name: str = "data") -> None:
+    """Dates, durations and complex numbers are not predictors as they stand: say which columns
+    and how to convert them."""
+    dtypes = frame.dtypes
+    bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(dtypes[c])
+           or pd.api.types.is_timedelta64_dtype(dtypes[c]) or isinstance(dtypes[c], pd.PeriodDtype)]
     if bad:
         raise InputTypeError(
             f"column(s) {bad} hold dates or durations, which are not numeric predictors; convert them "
             f"first, e.g. data[{bad[0]!r}] = (data[{bad[0]!r}] - data[{bad[0]!r}].min()).dt.days (days "
             "since the first date), or extract a part such as .dt.year.")
+    # complex numbers: numpy's cast to float would drop the imaginary part (with a mere warning)
+    bad = [c for c in columns if pd.api.types.is_complex_dtype(dtypes[c])]
+    if bad:
+        raise InputTypeError(
+            f"{name} column(s) {bad} hold complex numbers; the model's predictors are real, and casting "
+            "would silently drop the imaginary part: pass the parts you mean as real columns, e.g. "
+            f"{name}.assign(re={name}[{bad[0]!r}].to_numpy().real, im={name}[{bad[0]!r}].to_numpy().imag) "
+            f"(or np.abs for the modulus), and use those in the formula.")
+
+
+def _check_unique_columns(frame: pd.DataFrame, columns, name: str = "data") -> None:
+    """Refuse ``columns`` that name more than one column of ``frame``."""
+    if frame.columns.is_unique:
+        return
+    counts = pd.Series(frame.columns.astype(str)).value_counts()
+    dups = [c for c in dict.fromkeys(map(str, columns)) if counts.get(c, 0) > 1]
+    if dups:
+        raise InputError(
+            f"{name} has {int(counts[dups[0]])} columns named {dups[0]!r}"
+            + (f" (and duplicates of {dups[1:6]})" if len(dups) > 1 else "")
+            + "; the formula cannot tell them apart: rename them (e.g. "
+            f"{name}.columns = [...]) or drop the copies ({name}.loc[:, ~{name}.columns.duplicated()]).")
+
+
+def _check_factor_sizes(raw: pd.DataFrame, columns, formula: str) -> None:
+    """Refuse a categorical fixed-effect predictor with more than :data:`MAX_FACTOR_LEVELS` levels,
+    or whose dummy columns would take more than :data:`MAX_FACTOR_BYTES`, before formulaic
+    builds them: such a design is slow to build and very slow to fit (see
+    :data:`MAX_FACTOR_LEVELS`), and a random intercept models the factor at a fraction of the cost."""
+    categorical = set(categorical_calls(formula))
+    dtypes = raw.dtypes
+    for c in columns:
+        if c not in categorical and (pd.api.types.is_numeric_dtype(dtypes[c]) or pd.api.types.is_bool_dtype(dtypes[c])):
+            continue
+        k = int(raw[c].nunique(dropna=True))
+        size = len(raw) * max(k - 1, 0) * 8
+        if k > MAX_FACTOR_LEVELS or size > MAX_FACTOR_BYTES:
+            why = (f"more than the {MAX_FACTOR_LEVELS} levels" if k > MAX_FACTOR_LEVELS
+                   else f"more than the {MAX_FACTOR_BYTES / 2 ** 30:g} GiB")
+            raise InputError(
+                f"column {c!r} enters the fixed effects as a categorical predictor with {k} levels: {k - 1} "
+                f"dummy columns, {size / 2 ** 20:.0f} MiB for its {len(raw)} rows ({why} vbsvm allows, "
+                f"vbsvm.formula.design.MAX_FACTOR_LEVELS / MAX_FACTOR_BYTES); a fit costs about n p^2 = "
+                f"{len(raw) * float(k - 1) ** 2:.1e} multiply-adds per sweep, and many sweeps (hours for thousands "
+                f"of levels). Model it as a random effect, (1 | {quote_name(c)}), which pools the levels "
+                "and fits in seconds; or merge rare levels; or, to fit every level as a fixed effect anyway, "
+                f"add the dummy columns yourself (pd.get_dummies(data[{c!r}], drop_first=True, dtype=float)).")
+
+
+def numbers_as_text(design: Design, min_levels: int = 10) -> list:
+    """The text predictor columns of ``design`` that look numeric: at least half of their values
+    parse as numbers and they have more than ``min_levels`` distinct values, so that as factors they
+    make a column per value. Columns of numeric codes that the formula makes categorical with
+    ``C()`` on purpose (every value a number) are left out.
+
+    Returns
+    -------
+    list of tuple
+        ``(column, values that parse, values, up to 3 that do not, distinct values)`` per column.
+    """
+    dtypes = design.raw.dtypes
+    explicit = set(categorical_calls(design.formula))
+    out = []
+    for c in design.fixed_vars or ():
+        dtype = dtypes[c]
+        if pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype) \
+                or isinstance(dtype, pd.CategoricalDtype) or not pd.api.types.is_string_dtype(dtype):
+            continue
+        values = design.raw[c].dropna()
+        numbers = pd.to_numeric(values, errors="coerce")
+        parsed, total, levels = int(numbers.notna().sum()), len(values), int(values.nunique())
+        if total == 0 or 2 * parsed < total or levels <= min_levels or (parsed == total and c in explicit):
+            continue
+        out.append((c, parsed, total, pd.unique(values[numbers.isna()]).tolist()[:3], levels))
+    return out
 
 
 def _missing_mask(data: pd.DataFrame, columns) -> np.ndarray:
@@ -652,8 +793,12 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     if len(data) == 0:
         raise InputError("data has no rows; pass a non-empty DataFrame.")
     response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns)
+    _check_r_calls(formula, columns)
     fixed = _expand_dot(fixed, columns, response, groups)
     rhs_formula = fixed
+    if not data.columns.is_unique:  # before anything looks a column up by its name
+        _check_unique_columns(data, [response, *groups] + sorted(_mentioned_columns(
+            " ".join([fixed] + [t[0] for t in re_terms]), columns)))
     plain = _plain_numeric_columns(rhs_formula, data)
     try:
         needed = set(plain[0]) if plain is not None else _required_columns(rhs_formula, columns,
@@ -667,8 +812,18 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     except FormulaicError as exc:
         raise FormulaError(f"cannot parse the formula {formula!r}: {_formulaic_text(exc).rstrip('.')}."
                            + _spaced_names_hint(formula, columns)) from None
+    except SyntaxError as exc:  # formulaic parses each term as Python
+        raise _python_syntax_error(formula, exc, f"the formula {formula!r}") from None
     needed_vars = needed_vars + re_vars
     absent = [v for v in needed_vars if v not in columns]
+    called = set(call_names(formula))
+    unknown = [v for v in absent if v in called]
+    if unknown:
+        raise FormulaError(f"the formula {formula!r} calls {unknown[0]}(), which is neither a column nor a "
+                           "function a formula can call: " + (r_call_problem(unknown[0], formula) or (
+                               "use np.<function>(x) for numpy's elementwise functions, I(...) for "
+                               "arithmetic, or the transforms C(), poly(), bs(), cr(), center(), scale(), "
+                               "log(), exp()")) + ".")
     if absent:
         hints = {v: difflib.get_close_matches(v, columns, n=1) for v in absent}
         detail = "; ".join(
@@ -683,6 +838,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     raw = _select_columns(data, used)
     raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
     _check_column_types(raw, [v for v in needed_vars if v != response])
+    _check_factor_sizes(raw, fixed_vars, rhs_formula)
 
     # Missing values in predictors / grouping columns.
     predictor_cols = [v for v in needed_vars if v != response]
@@ -815,6 +971,37 @@ def _model_matrix(rhs: str, raw: pd.DataFrame, what: str):
         raise FormulaError(f"cannot evaluate a term of {what}: {_formulaic_text(exc)}") from None
     except FormulaicError as exc:
         raise FormulaError(f"cannot parse {what}: {_formulaic_text(exc)}") from None
+    except SyntaxError as exc:
+        raise _python_syntax_error(f"y ~ {rhs}", exc, what) from None
+
+
+def _check_r_calls(formula: str, columns) -> None:
+    """Refuse calls of R functions formulaic lacks (``offset()``, ``factor()``, ``as.factor()``,
+    ...; see :mod:`vbsvm.formula.habits`), naming what to write instead."""
+    for name in call_names(formula):
+        if name in R_FUNCTIONS and name not in columns:
+            raise FormulaError(f"cannot use the formula {formula!r}: {r_call_problem(name, formula)}.")
+
+
+def _python_syntax_error(formula: str, exc: SyntaxError, what: str) -> FormulaError:
+    """A :class:`FormulaError` for a term of ``formula`` that formulaic could not parse as Python
+    (``exc``); the whitelist check of :mod:`vbsvm.formula.safety` names the offending part where
+    it can. ``what`` names the formula in the message."""
+
+    try:
+        check_formula(formula)
+    except FormulaError as refusal:  # names the formula and the part at fault
+        return refusal
+    where = f" at {exc.text.strip()!r}" if exc.text else ""
+    return FormulaError(f"cannot parse {what}: a term is not valid Python{where} ({exc.msg}); use column names "
+                        "(backquote names that are not Python names: `my var`), numbers, + - * / : ** ^ | and "
+                        "functions such as C(), I(), np.log().")
+
+
+def _mentioned_columns(text: str, columns) -> set:
+    """The columns whose names appear in the formula text ``text`` as whole names."""
+    text = text.replace("`", " ")
+    return {c for c in columns if re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", text)}
 
 
 def _required_columns(rhs: str, columns, exclude) -> set:
@@ -822,8 +1009,7 @@ def _required_columns(rhs: str, columns, exclude) -> set:
     needed = set(formulaic.Formula(rhs).required_variables)
     # formulaic leaves out names that are also its transforms (a column called `cs`, `bs`, `poly`,
     # `center`, ...): add every column the formula mentions by name.
-    text = rhs.replace("`", " ")
-    needed |= {c for c in columns if c not in exclude and re.search(rf"(?<![\w.]){re.escape(c)}(?![\w.])", text)}
+    needed |= _mentioned_columns(rhs, columns) - set(exclude)
     # formulaic reads `cad.dur` as the attribute of `cad`: drop such stems of dotted columns
     needed -= {v for v in needed if v not in columns and any(c.startswith(v + ".") for c in needed)}
     return needed

@@ -249,3 +249,37 @@ def design_from_text(text: str):
         raise FitFileError("the saved design is not a JSON object.")
     return design_from_data(data)
 
+
+
+# ===================================================================== data column names in a fit file
+#: Attribute that holds a data column's own name where the fit file stores it under another one.
+COLUMN_NAME_ATTR = "column"
+
+
+def storable_columns(variables: dict) -> dict:
+    """``variables`` (``{column name: (dims, values, attrs)}``) with names a fit file can hold.
+
+    xarray's DataTree refuses variable names with ``/`` (a path separator there); such a column is
+    stored under ``/`` -> ``_`` (made unique) and its own name goes into the attribute
+    :data:`COLUMN_NAME_ATTR`, which :func:`column_name` reads back. Other names are kept.
+    """
+    taken = {name for name in variables if "/" not in name}
+    out = {}
+    for name, (dims, values, attrs) in variables.items():
+        if "/" in name:
+            key = name.replace("/", "_")
+            while key in taken:
+                key += "_"
+            taken.add(key)
+            out[key] = (dims, values, {**attrs, COLUMN_NAME_ATTR: name})
+        else:
+            out[name] = (dims, values, attrs)
+    return out
+
+
+def column_name(key: str, attrs) -> str:
+    """The data column's name of the fit-file variable ``key`` (see :func:`storable_columns`)."""
+    name = attrs.get(COLUMN_NAME_ATTR, key)
+    if not isinstance(name, str):
+        raise FitFileError(f"the stored data column {key!r} has a name attribute that is not text.")
+    return name

@@ -18,7 +18,8 @@ names become placeholder names) and accepts only
 * the operators ``+ - * / ** : | % //``, comparisons, ``and``/``or``/``not``, unary ``- + ~``
   (so ``-1``/``+0``, interactions, ``(1 | g)``, ``(1 + x | g)``, ``(1 | a/b)``, ``(1 | a:b)``
   and ``I()`` arithmetic are fine), but no power or shift of two constants (``I(9**9**9)``
-  would never finish);
+  would never finish; ``^`` inside a call is read as the power ``**``, as R and
+  :mod:`vbsvm.design` read it, so ``I(9^9^9)`` is refused too);
 * calls of the functions in :data:`ALLOWED_FUNCTIONS` only: the formulaic transforms (``C``,
   ``I``, ``Q``, ``center``, ``scale``, ``standardize``, ``poly``, ``bs``, ``cs``, ``cc``,
   ``cr``, ``log``, ``exp``, ...), contrasts (``contr.treatment``, ``Treatment``, ...) and the
@@ -38,6 +39,7 @@ import ast
 import re
 
 from vbsvm.exceptions import FormulaError, InputTypeError
+from vbsvm.formula.habits import NUMPY_FUNCTIONS, python_power
 
 __all__ = ["check_formula", "ALLOWED_FUNCTIONS", "NUMPY_FUNCTIONS", "MAX_FORMULA_LENGTH", "MAX_STRING_LENGTH"]
 
@@ -46,13 +48,6 @@ MAX_FORMULA_LENGTH = 20_000
 #: Longest string literal inside a formula (a level name in ``C(x, levels=[...])``, ...).
 MAX_STRING_LENGTH = 1_000
 
-#: Elementwise numpy functions a formula may call as ``np.<name>(...)``: pure, no side effects.
-NUMPY_FUNCTIONS = frozenset("""
-    abs absolute fabs sign sqrt cbrt square reciprocal exp exp2 expm1 log log2 log10 log1p
-    logaddexp logaddexp2 power float_power hypot sin cos tan arcsin arccos arctan arctan2 sinh
-    cosh tanh arcsinh arccosh arctanh deg2rad rad2deg floor ceil rint trunc round around clip
-    maximum minimum fmax fmin mod fmod remainder heaviside isnan isinf isfinite where
-""".split())
 
 #: formulaic transforms and contrasts a formula may call (keyword arguments allowed).
 TRANSFORMS = frozenset("""
@@ -113,7 +108,8 @@ def check_formula(formula, *, what="formula"):
     if odd:
         raise FormulaError(f"{what} {_shorten(formula)} contains {odd[0]!r}, which a formula may not contain; "
                            "remove it (rename columns whose names contain it).")
-    sides, names = _to_python(formula, what)
+    # '^' inside a call is R's power, as vbsvm.design reads it (vbsvm.formula_habits): check that reading
+    sides, names = _to_python(python_power(formula), what)
     checker = _Checker(formula, what, names)
     for side in sides:
         try:

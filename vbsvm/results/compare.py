@@ -47,8 +47,7 @@ from scipy import stats
 from scipy.signal import fftconvolve
 
 from vbsvm.exceptions import DiagnosticWarning, InputError, InputTypeError
-from vbsvm.posterior.linear_response import MAX_N as LR_MAX_N
-from vbsvm.posterior.linear_response import linear_response
+from vbsvm.posterior import linear_response as lr
 from vbsvm.results.fit import Fit
 
 __all__ = ["compare", "Comparison", "accuracy", "kde_on_grid"]
@@ -411,14 +410,14 @@ class Comparison:
             fit = self.fits[name]
             eligible = (_is_linear_vb(fit) and fit.settings.get("missing") != "impute"
                         and fit.settings.get("approximation") != "calibrated")
-            if eligible and fit.n_obs > LR_MAX_N:
+            if eligible and fit.n_obs > lr.MAX_N:
                 warnings.warn(
                     f"no linear-response sd for {name!r}: its dense {fit.n_obs} x {fit.n_obs} solve is "
-                    f"skipped above {LR_MAX_N} rows (in Python, vbsvm.posterior.linear_response(fit, max_n=...) "
+                    f"skipped above {lr.MAX_N} rows (in Python, vbsvm.linear_response(fit, max_n=...) "
                     "computes it if memory allows).", DiagnosticWarning, stacklevel=3)
                 eligible = False
             try:
-                self._cache[key] = linear_response(fit).sd if eligible else None
+                self._cache[key] = lr.linear_response(fit).sd if eligible else None
             except InputError as exc:
                 warnings.warn(f"no linear-response sd for {name!r}: {exc}", DiagnosticWarning, stacklevel=3)
                 self._cache[key] = None
@@ -696,7 +695,7 @@ class Comparison:
         notes = ["", "diff_sd = (mean - reference mean) / reference sd; sd_ratio = sd / reference sd;",
                  "accuracy = 100 (1 - 0.5 * integral |q - p_ref|) %, reference density by KDE when it is a sample."]
         if any(c.endswith("_sd_lr") for c in tab.columns):
-            notes.append("sd_lr: linear-response corrected VB sd (experimental; vbsvm.posterior.linear_response).")
+            notes.append("sd_lr: linear-response corrected VB sd (experimental; vbsvm.linear_response).")
         return "\n".join(lines + notes)
 
     def __str__(self):
@@ -730,7 +729,7 @@ def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
     --------
     >>> toenail = vbsvm.datasets.load("toenail")                                   # doctest: +SKIP
     >>> f = "y ~ time * terbinafine + (1 | patient_id)"                             # doctest: +SKIP
-    >>> cmp = vbsvm.results.compare(vbsvm.svm(f, toenail, penalty=None),
+    >>> cmp = vbsvm.compare(vbsvm.svm(f, toenail, penalty=None),
     ...                     vbsvm.svm(f, toenail, penalty=None, method="gibbs"))    # doctest: +SKIP
     >>> cmp.table()[["vb_mean", "gibbs_mean", "vb_accuracy"]]                       # doctest: +SKIP
     >>> cmp.plot("forest").savefig("forest.png")                                    # doctest: +SKIP

@@ -35,6 +35,7 @@ from vbsvm import validation
 from vbsvm._version import __version__
 from vbsvm.exceptions import DiagnosticWarning, FitFileError, InputError
 from vbsvm.formula.design import build_design, check_frame
+from vbsvm.formula.encoding import column_name, storable_columns
 from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET
 from vbsvm.io.fit_file import check_rebuilt, check_settings, check_storable, write_atomically
 from vbsvm.posterior.representations import add_sparse_score, posterior_of
@@ -722,12 +723,15 @@ def _frame_to_dataset(df: pd.DataFrame) -> xr.Dataset:
     index = df.index.to_numpy()
     if not pd.api.types.is_integer_dtype(df.index):
         index = np.asarray(df.index.astype(str), dtype=object)
-    return xr.Dataset(data, coords={"obs": index})
+
+    return xr.Dataset(storable_columns(data), coords={"obs": index})
 
 
 def _dataset_to_frame(ds: xr.Dataset) -> pd.DataFrame:
+
     cols = {}
-    for name, da in ds.data_vars.items():
+    for key, da in ds.data_vars.items():
+        name = column_name(key, da.attrs)
         kind = da.attrs.get("dtype", "float64")
         v = da.values
         if kind == "bool":

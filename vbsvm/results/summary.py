@@ -17,7 +17,7 @@ from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
 
 __all__ = ["build_summary", "describe", "frame_table", "penalty_description", "format_number", "wrap_notes",
-           "WIDTH"]
+           "separation_note", "WIDTH"]
 
 #: widest line of a text summary (statsmodels keeps 78; the tables with R-hat and ESS need more)
 WIDTH = 100
@@ -230,13 +230,33 @@ def build_summary(fit, level: float) -> Summary:
                      "variances (intervals from the mixture's moments); compare with method='gibbs'.")
     elif fit.method == "vb":
         notes.append("Mean-field VB sds for this augmentation are typically about half of MCMC's; "
-                     "check with vbsvm.results.compare(fit_vb, fit_gibbs).")
+                     "check with vbsvm.compare(fit_vb, fit_gibbs).")
+    if fit.info.get("separable"):
+        notes.append(separation_note(fit))
     if "approximation_note" in fit.info:
         note = fit.info["approximation_note"]
         notes.append(note[:1].upper() + note[1:] + ".")
     notes.extend(fit.info.get("summary_notes", []))
     smry.add_extra_txt(wrap_notes(notes))
     return smry
+
+
+def separation_note(fit) -> str:
+    """The summary's note on data that the fixed effects separate (``fit.info["separable"]``, set by
+    :func:`vbsvm.fitting.svm.warn_about_data`): what it means for the reported coefficients under the
+    fit's prior, and the fixes."""
+    s = fit.settings
+    if s.get("penalty") is None:
+        return ("Separable data: the fixed effects put every point beyond the margin, so the coefficients' "
+                "size is set by the vague prior (sigma2_beta); use penalty='auto' or a fixed penalty.")
+    A = s.get("A_u")
+    if fit.info.get("separable_without_intercept"):
+        means = f"their posterior means do not exist for A_u <= 1/2 (here A_u = {A:g})"
+    else:
+        means = f"their posterior means grow without bound with sigma2_beta for A_u <= 1 (here A_u = {A:g})"
+    return (f"Separable data: the fixed effects put every point beyond the margin, so under the IG(A_u, B_u) "
+            f"prior on sigma2_u the coefficients' posterior is heavy-tailed and {means}; the table describes "
+            "the fit, not finite posterior moments. Fix the penalty (penalty=<float>) or raise A_u.")
 
 
 def _mode_only(table: pd.DataFrame) -> pd.DataFrame:

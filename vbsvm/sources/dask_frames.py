@@ -12,6 +12,7 @@ import pandas as pd
 from vbsvm.exceptions import InputError
 from vbsvm.formula.design import MISSING_ACTIONS, Design, build_design, formula_columns
 from vbsvm.models.linear import LinearSVMModel, fixed_effect_precision
+from vbsvm.sources.dask_checks import check_partition, meta_mismatch
 
 #: distinct values above which a non-numeric column is not treated as a factor (its levels are
 #: collected on the client)
@@ -104,8 +105,12 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
     numeric_cols = [c for c in columns if c not in level_cols]
     # pass 1: the rows, the levels (distinct values per partition, merged by a tree: no shuffle),
     # the numeric ranges
-    scans = [dask.delayed(_scan)(p, response, level_cols, numeric_cols) for p in data.to_delayed()]
-    got = dask.compute(tree_reduce(scans, _merge_scans))[0]
+    scans = [dask.delayed(_scan)(p, response, level_cols, numeric_cols, dtypes, i)
+             for i, p in enumerate(data.to_delayed())]
+    try:
+        got = dask.compute(tree_reduce(scans, _merge_scans))[0]
+    except ValueError as exc:  # Dask's own check of a partition against the meta
+        raise meta_mismatch(exc) or exc from None
     if int(got["n"]) == 0:
         raise InputError("data has no rows; pass a non-empty Dask DataFrame.")
     if int(got["y_missing"]):
@@ -165,8 +170,11 @@ def learn_design(formula, data, *, standardize=True, missing="drop"):
     return _design_class()(**fields)
 
 
-def _scan(frame, response, level_cols, numeric_cols) -> dict:
-    """Rows, missing responses, distinct values of ``level_cols``, range of ``numeric_cols``."""
+def _scan(frame, response, level_cols, numeric_cols, meta_dtypes=None, index=None) -> dict:
+    """Rows, missing responses, distinct values of ``level_cols``, range of ``numeric_cols``
+    (after checking the partition's dtypes against ``meta_dtypes``, the frame's)."""
+    if meta_dtypes is not None:
+        check_partition(frame, meta_dtypes, [*level_cols, *numeric_cols], index)
     num = frame[numeric_cols]
     return {"n": len(frame), "y_missing": int(frame[response].isna().sum()),
             "levels": {c: frame[c].dropna().drop_duplicates() for c in level_cols},
