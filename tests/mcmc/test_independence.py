@@ -15,7 +15,7 @@ from scipy import stats
 from vbsvm.mcmc import independence
 from vbsvm.mcmc.block_tuner import BlockTuner
 from vbsvm.mcmc.independence import StudentTProposal, independence_steps
-from vbsvm.models import linear, linear_block_moves
+from vbsvm.models import linear_block_moves
 from support import exact
 from support.exact import P_MIN
 
