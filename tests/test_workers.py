@@ -27,7 +27,7 @@ DEADLINE = 15.0
 #: Imports the engine once (seconds on a busy machine), then for each line ``mechanism draws size
 #: go checkpoint`` on stdin forks a process that runs two chains in two workers, and prints its pid.
 LAUNCHER = """
-import os, signal, sys, time
+import os, signal, sys, time, warnings
 import numpy as np
 import vbsvm.inference.gibbs as gibbs
 
@@ -46,6 +46,7 @@ class Toy:
         return {"theta": rng.random(self.size)}
 
 
+warnings.filterwarnings("ignore", message=".*use of fork", category=DeprecationWarning)
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the killed runs are reaped at once
 print("ready", flush=True)
 for line in sys.stdin:
