@@ -18,7 +18,7 @@ import vbsvm
 from vbsvm.exceptions import DiagnosticWarning, InputError, InterruptWarning
 from vbsvm.inference import gibbs
 from vbsvm.inference.gibbs import extension_size, run_chains
-from test_interrupt import Counter
+from support.runs import Counter
 
 
 def table(r_hat, ess):

@@ -1,8 +1,11 @@
-"""Ctrl-C keeps the work done so far, and parallel chains leave no process behind (issue #15, #14.6).
+"""Ctrl-C keeps the work done so far, and parallel chains leave no process behind.
 
 * Gibbs, serial and ``n_jobs=2``: SIGINT sent to the process group (as Ctrl-C in a terminal) makes
   ``vbsvm.svm`` return a fit with the draws so far and an ``InterruptWarning``; afterwards the
   process has no children.
+* A second Ctrl-C while the stopped run's draws are collected and the fit is built is absorbed (a
+  note on stderr): the fit is still returned, the checkpoint files hold the chains, no temporary
+  file is left; a third aborts.
 * VB: the last accepted q is returned with ``converged=False``.
 * A worker that fails or dies is reported (its error, or ``WorkerError``) and nothing is left running.
 * A script without ``if __name__ == "__main__":`` runs ``n_jobs=2`` once, without re-running itself.
@@ -20,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.runs import Counter, SlowVB
 from vbsvm.exceptions import InterruptWarning, WorkerError
 from vbsvm.inference.gibbs import _common_length, run_chains
 from vbsvm.inference.vb import coordinate_ascent
@@ -97,24 +101,109 @@ def test_ctrl_c_during_gibbs_returns_the_draws_so_far(n_jobs):
     assert np.all(np.isfinite(res["coef"]))
 
 
+DOUBLE_SCRIPT = """
+import json, os, signal, sys, time, warnings
+import numpy as np, pandas as pd
+import vbsvm
+from vbsvm.models.linear import LinearSVMModel
+from vbsvm.results.fit import Fit
+""" + CHILDREN + """
+n_jobs, folder = int(sys.argv[1]), sys.argv[2]
+sweep, warn, count = LinearSVMModel.gibbs_sweep, Fit._warn_diagnostics, [0]
+
+
+def slow_sweep(self, state, rng):  # says when it samples; then sweeps that a stop waits for
+    count[0] += 1
+    if count[0] == 20:  # one write: the two workers' lines do not interleave
+        os.write(1, b"sampling\\n")
+    if count[0] > 20:  # in parallel the second Ctrl-C comes while the workers finish their sweep
+        time.sleep(0.3 if n_jobs > 1 else 0.05)
+    return sweep(self, state, rng)
+
+
+def slow_diagnostics(self):  # as slow as R-hat and ESS are the first time (importing arviz)
+    time.sleep(1.0)
+    return warn(self)
+
+
+LinearSVMModel.gibbs_sweep, Fit._warn_diagnostics = slow_sweep, slow_diagnostics
+rng = np.random.default_rng(0)
+df = pd.DataFrame({"x": rng.normal(size=300), "z": rng.normal(size=300)})
+df["y"] = (df.x + rng.normal(size=300) > 0).astype(int)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    fit = vbsvm.svm("y ~ x + z", df, method="gibbs", draws=10**7, tune=5, chains=4, seed=1, progress=False,
+                    n_jobs=n_jobs, checkpoint=os.path.join(folder, "ck"))
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # the test is about svm(), not about this script's printing
+files = {}
+for name in sorted(os.listdir(folder)):
+    with np.load(os.path.join(folder, name)) as z:
+        files[name] = int(z["kept:theta"].shape[0])
+print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children": children(), "files": files,
+                  "warnings": [type(w.message).__name__ + ": " + str(w.message) for w in caught]}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("n_jobs", [1, 2])
+def test_second_ctrl_c_still_returns_the_fit(n_jobs, tmp_path):
+    """Two SIGINTs 0.3 s apart: the second lands while the workers' chains are collected
+    (``n_jobs=2``: each finishes its 0.3 s sweep) or while the fit is built (its diagnostics take
+    1 s; a serial run stops at the end of its 0.05 s sweep)."""
+    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + DOUBLE_SCRIPT, str(n_jobs), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, start_new_session=True, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "sampling"
+        time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "vbsvm: stopping: the draws kept so far are being collected" in err
+    res = json.loads(out.strip().splitlines()[-1])
+    chains, draws, _ = res["shape"]
+    assert chains == n_jobs and draws > 0 and res["children"] == []
+    assert any(w.startswith("InterruptWarning") and "checkpoint files" in w for w in res["warnings"])
+    # the checkpoints hold each running chain up to where it stopped (no temporary file beside them)
+    assert sorted(res["files"]) == [f"ck.chain{c}.npz" for c in range(n_jobs)]
+    assert min(res["files"].values()) == draws
+
+
+def test_third_ctrl_c_aborts_and_the_handler_is_restored():
+    from vbsvm.inference import interrupts
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.collecting():
+                with interrupts.collecting():  # nested scopes: the outermost restores
+                    interrupts.absorb()
+                    os.kill(os.getpid(), signal.SIGINT)  # absorbed
+                    time.sleep(0.05)
+                assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+                os.kill(os.getpid(), signal.SIGINT)  # aborts
+                time.sleep(1.0)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with interrupts.collecting():
+            interrupts.absorb()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored at the end
+        interrupts.absorb()  # outside a scope: nothing to restore it, so nothing is changed
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # ----------------------------------------------------------------------------- VB
-class SlowVB:
-    """ELBO rising by 1 per sweep from -1e6: never converges at tol=1e-8, each sweep ~2 ms."""
-
-    def vb_initial_state(self):
-        return np.zeros(1)
-
-    def vb_sweep(self, x):
-        time.sleep(0.002)
-        new = x + 1.0
-        elbo = -1e6 + float(new[0])
-        return new, {"elbo": elbo, "x": new.copy()}, elbo
-
-
 VB_SCRIPT = """
 import json, sys, warnings
 sys.path.insert(0, sys.argv[1])
-from test_interrupt import SlowVB
+from support.runs import SlowVB
 from vbsvm.inference.vb import coordinate_ascent
 print("start", flush=True)
 with warnings.catch_warnings(record=True) as caught:
@@ -127,7 +216,7 @@ print(json.dumps({"converged": res.converged, "interrupted": res.info["interrupt
 
 
 def test_ctrl_c_during_vb_returns_the_last_accepted_q():
-    res = interrupted_run(VB_SCRIPT, Path(__file__).parent, after=1.0)
+    res = interrupted_run(VB_SCRIPT, Path(__file__).parents[1], after=1.0)
     assert res["converged"] is False and res["interrupted"] is True
     assert res["warnings"] == ["InterruptWarning"]
     assert res["q_elbo"] == res["elbo"][-1] and res["state"] == res["q_x"]
@@ -159,24 +248,6 @@ def test_vb_interrupt_in_first_sweep_is_passed_on():
 
 
 # ----------------------------------------------------------------------------- Gibbs engine
-class Counter:
-    """Gibbs toy: theta counts sweeps; raises ``error`` at sweep ``fail_at`` (in the chain ``chain``)."""
-
-    def __init__(self, fail_at=None, error=KeyboardInterrupt, chain_value=None):
-        self.fail_at, self.error, self.chain_value = fail_at, error, chain_value
-
-    def gibbs_initial_state(self, rng):
-        return {"theta": np.zeros(2), "first": rng.random()}
-
-    def gibbs_sweep(self, state, rng):
-        n = state["theta"][0] + 1
-        if n == self.fail_at and (self.chain_value is None or state["first"] < self.chain_value):
-            if self.error == "exit":
-                os._exit(3)
-            raise self.error("sweep failed") if self.error is not KeyboardInterrupt else KeyboardInterrupt
-        return {"theta": np.array([n, rng.random()]), "first": state["first"]}
-
-
 def test_serial_interrupt_keeps_finished_chains_and_warns():
     with pytest.warns(InterruptWarning, match="returning 1 chain"):
         res = run_chains(Counter(fail_at=50), draws=100, tune=10, chains=3, seed=0, progress=False)
@@ -287,6 +358,39 @@ def test_checkpoint_resume_gives_the_uninterrupted_draws(tmp_path):
     resumed = run_chains(Counter(), checkpoint=base, n_jobs=2, **kw)
     np.testing.assert_array_equal(resumed.draws["theta"], run_chains(Counter(), **kw).draws["theta"])
     assert list(tmp_path.iterdir()) == []  # removed once the run completed
+
+
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt during the test (as in a terminal; a test runner may ignore it)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_serial_ctrl_c_stops_at_a_sweep_boundary_and_saves_it(tmp_path, sigint_raises):
+    """Ctrl-C in a serial checkpointed run stops the chain after the sweep in progress and saves
+    its position there (not only every ``checkpoint_every`` seconds): the rerun continues from
+    there to the uninterrupted draws. A second Ctrl-C during that sweep stops it at once; the
+    draws so far are still returned."""
+    base = tmp_path / "run"
+    kw = dict(draws=30, tune=5, chains=2, seed=11, progress=False)
+    whole = run_chains(Counter(), **kw)
+    with pytest.warns(InterruptWarning, match="returning 1 chain"):
+        cut = run_chains(Counter(sigint_at=20), checkpoint=base, checkpoint_every=1e9, **kw)
+    with np.load(tmp_path / "run.chain0.npz") as z:
+        assert int(z["position"]) == 20 and z["kept:theta"].shape[0] == cut.n_draws == 15
+    np.testing.assert_array_equal(cut.draws["theta"][0], whole.draws["theta"][0, :15])
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # given back
+    np.testing.assert_array_equal(run_chains(Counter(), checkpoint=base, **kw).draws["theta"], whole.draws["theta"])
+    # Ctrl-C twice within a sweep: stopped in it, the last periodic checkpoint (none here) stays
+    with pytest.warns(InterruptWarning):
+        cut = run_chains(Counter(sigint_at=20, sigint_times=2), checkpoint=base, checkpoint_every=1e9, **kw)
+    assert cut.n_draws == 14 and list(tmp_path.iterdir()) == []
+    # Ctrl-C during the last sweep of a chain: the next chain does not start
+    with pytest.warns(InterruptWarning, match="returning 1 chain"):
+        cut = run_chains(Counter(sigint_at=35), checkpoint=base, checkpoint_every=1e9, **kw)
+    assert cut.n_draws == 30 and sorted(p.name for p in tmp_path.iterdir()) == ["run.chain0.npz"]
 
 
 def test_checkpoint_of_another_run_is_refused(tmp_path, monkeypatch):

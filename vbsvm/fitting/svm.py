@@ -14,6 +14,9 @@ from vbsvm.fitting.builders import check_re_prior, fit_design
 from vbsvm.fitting.dask import svm_dask
 from vbsvm.formula.design import build_design, numbers_as_text
 from vbsvm.formula.habits import self_powers
+from vbsvm.inference import interrupts
+from vbsvm.inference.gibbs import bound_run
+from vbsvm.inference.run_fingerprint import run_fingerprint
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import check_loaded, read_fit_file, refusing
 from vbsvm.models.linear_algebra import row_blocks
@@ -136,7 +139,9 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         sweep boundaries (about once a minute); rerunning the same call resumes the chains and
         gives the draws of an uninterrupted run (see :func:`vbsvm.inference.gibbs.run_chains`).
         A sampler whose state a file cannot hold (Laplace-zero with ``missing="impute"``) is
-        refused with an error before the first sweep.
+        refused with an error before the first sweep. The files record the formula, the design
+        columns, a SHA-256 of the design and response and the settings that change the chains: a
+        file of another run is refused with an error naming what differs.
     re_df, re_scale : float and q x q array, optional
         Inverse-Wishart prior ``IW(re_df, re_scale)`` of the covariance of each random-effect
         term with q > 1 columns (``(1 + x | g)``); defaults ``q + 1`` (uniform marginal prior of
@@ -172,14 +177,17 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     check_re_prior(design, settings, prior)
     found = warn_about_data(design, penalty=settings["penalty"], A_u=settings["A_u"],
                             separability=settings["penalty"] is None or prior is None)
-    fit = fit_design(design, settings, prior)
-    fit.info.update(found)
-    # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
-    # blocks of rows so that the prediction's copies of the design stay small
-    step = max(1024, 2 ** 18 // max(design.p, 1))
-    score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
-                       for s in range(0, design.n, step)])
-    fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
+    # checkpoints are bound to this formula, design, data and settings; after a Ctrl-C stopped a
+    # Gibbs run, a second one does not lose its draws while the fit is built from them
+    with interrupts.collecting(), bound_run(run_fingerprint(design, settings, prior)):
+        fit = fit_design(design, settings, prior)
+        fit.info.update(found)
+        # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
+        # blocks of rows so that the prediction's copies of the design stay small
+        step = max(1024, 2 ** 18 // max(design.p, 1))
+        score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
+                           for s in range(0, design.n, step)])
+        fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
     return fit
 
 

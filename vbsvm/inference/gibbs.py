@@ -22,7 +22,11 @@ A checkpointed run does not pool (a chain resumes alone).
 its sampling loop, the chains stop where they are and :func:`run_chains` returns the draws kept
 so far, with an :class:`~vbsvm.exceptions.InterruptWarning`. Chains of unequal length are cut to a
 common length, keeping the chains that give the most draws (``k`` chains of ``L`` draws, with
-``k * L`` largest). Only if no chain has kept a draw yet is the interrupt passed on.
+``k * L`` largest). Only if no chain has kept a draw yet is the interrupt passed on. A
+checkpointed chain stops at the end of the sweep in progress and saves its position there (a
+second Ctrl-C before that stops it at once). A Ctrl-C while the stopped run's draws are collected
+and its fit is built (until :func:`vbsvm.svm` returns) is absorbed with a note; the one after
+aborts (:mod:`vbsvm.inference.interrupts`).
 
 **Adaptive run length** (``max_draws=``, with a ``monitor``): after the requested ``draws``,
 the caller's ``monitor`` gives the diagnostics of the summary parameters (fixed effects and
@@ -36,29 +40,38 @@ extension, serially or in parallel.
 
 **Checkpoints** (``checkpoint=``): each chain writes its position, state, kept draws and
 generator state to ``<checkpoint>.chain<c>.npz`` at sweep boundaries; a rerun with the same
-arguments resumes every chain and gives the draws of an uninterrupted run (a file of another run,
-or of a sampler whose state has other entries, is refused with an error). A checkpointed run is
-not extended (``max_draws`` is ignored): a resumed run could not retrace the block decisions.
+arguments resumes every chain and gives the draws of an uninterrupted run. A file records the
+run's arguments, the sampler's state entries and what the caller binds the run to (``run=`` or
+:func:`bound_run`: :func:`vbsvm.svm` binds its formula, design columns, a SHA-256 of the design
+and response, and its settings, :mod:`vbsvm.inference.run_fingerprint`); a file of another run is refused
+with an error naming what differs. A checkpointed run is not extended (``max_draws`` is
+ignored): a resumed run could not retrace the block decisions.
 
 **Worker processes** (``n_jobs > 1``) are started with the ``fork`` method on Linux: a forked
 worker does not re-import the user's script (``spawn`` and ``forkserver`` re-run a script without
 an ``if __name__ == "__main__":`` guard in every worker, which then fails), and it starts in
 milliseconds instead of the ~1-2 s a fresh interpreter needs to import numpy, scipy and pandas.
 The workers ignore SIGINT; the parent stops them through an event and collects their partial
-chains, then joins them (and terminates any that do not finish, e.g. after a second Ctrl-C), so
-no process is left behind. Elsewhere (macOS, Windows) ``spawn`` is used; a worker that dies while
-re-importing an unguarded script raises :class:`~vbsvm.exceptions.WorkerError` saying what to do.
+chains (each saves its checkpoint first), then joins them (and terminates any that do not finish
+within ``STOP_GRACE`` seconds or after an aborting Ctrl-C), so no process is left behind. A worker
+also exits when its parent dies, even by ``kill -9`` (:func:`_exit_with_parent`: a thread polling
+the parent, and Linux's parent-death signal), within ``PARENT_POLL`` seconds (at once on Linux),
+and only between checkpoint writes. Elsewhere (macOS, Windows) ``spawn`` is used; a worker that
+dies while re-importing an unguarded script raises :class:`~vbsvm.exceptions.WorkerError` saying
+what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -68,12 +81,13 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from vbsvm.exceptions import InputError, InterruptWarning, WorkerError
+from vbsvm.inference import interrupts
 from vbsvm.inference.failures import numerical_failures
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import replace_atomically
 
-__all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint", "extension_size", "shortfall",
-           "RHAT_TARGET", "ESS_TARGET", "DEFAULT_MAX_DRAWS_FACTOR"]
+__all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint", "bound_run", "extension_size", "shortfall",
+           "RHAT_TARGET", "ESS_TARGET", "DEFAULT_MAX_DRAWS_FACTOR", "STOP_GRACE", "PARENT_POLL"]
 
 #: seconds a worker gets to return its partial chains after the parent asked it to stop
 STOP_GRACE = 30.0
@@ -128,7 +142,8 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
     Sweep ``it`` is a tuning sweep (followed by ``gibbs_adapt``) if ``it < tune``; after tuning
     every ``thin``-th sweep is kept. With a ``checkpoint``, starts where its file left off and
     saves the chain's position at sweep boundaries (every ``checkpoint.every`` seconds and when
-    ``stop`` is seen).
+    ``stop`` is seen: a worker's parent sets it, and a serial run's first Ctrl-C, see
+    :func:`~vbsvm.inference.interrupts.stop_at_boundary`).
     """
     kept = {name: [] for name in record}
     if checkpoint is not None:
@@ -141,6 +156,7 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
         adapt = getattr(model, "gibbs_adapt", None)
         for it in range(first, total):
             if stop is not None and stop.is_set():
+                interrupts.absorb()  # a serial run's next Ctrl-C must not lose what this one keeps
                 if checkpoint is not None:
                     checkpoint.save(it, state, kept, rng)
                 return kept, True, state
@@ -155,7 +171,13 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
                 bar.update()
             if checkpoint is not None and checkpoint.due():
                 checkpoint.save(it + 1, state, kept, rng)
+        if stop is not None and stop.is_set() and total > first:  # asked to stop during the last sweep
+            interrupts.absorb()
+            if checkpoint is not None:
+                checkpoint.save(total, state, kept, rng)
+            return kept, True, state
     except KeyboardInterrupt:  # the last checkpoint (if any) stays: it was written at a sweep boundary
+        interrupts.absorb()
         return kept, True, state
     finally:
         if bar is not None:
@@ -163,16 +185,25 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
     return kept, False, state
 
 
+#: how a checkpoint's entries are named when they differ from the run's
+_MEANING = {"draws": "draws", "tune": "tune", "thin": "thin", "chains": "chains", "record": "recorded quantities",
+            "model": "sampler", "state": "sampler state entries (e.g. another vbsvm version)", "start": "seed"}
+#: held while a checkpoint file is written: a worker whose parent died exits only between writes
+_WRITING = threading.Lock()
+
+
 class Checkpoint:
     """The checkpoint file of one chain: its position, state, kept draws and generator state.
 
     Written atomically to ``<base>.chain<c>.npz`` (numpy arrays, read back with
-    ``allow_pickle=False``); ``meta`` (the run's arguments and the chain's starting generator
-    state) must match for a file to be resumed, so a checkpoint of another run is refused.
+    ``allow_pickle=False``); ``meta`` (the run's arguments, the chain's starting generator state
+    and what the run is bound to: formula, design, data, settings) must match for a file to be
+    resumed, so a checkpoint of another run is refused, naming what differs.
     """
 
     def __init__(self, base, chain, meta, every):
-        self.path = f"{os.fspath(base)}.chain{chain}.npz"
+        self.base = os.fspath(base)
+        self.path = f"{self.base}.chain{chain}.npz"
         self.meta = json.dumps(meta, sort_keys=True)
         self.every = every
         self.last = time.monotonic()
@@ -197,7 +228,8 @@ class Checkpoint:
                              "checkpointed; run without checkpoint=.")
 
     def save(self, position, state, kept, rng):
-        """Write the chain after ``position`` sweeps (state, kept draws, generator) atomically."""
+        """Write the chain after ``position`` sweeps (state, kept draws, generator) atomically
+        (a worker process exits only between writes, see :func:`_exit_with_parent`)."""
 
         arrays = {"meta": np.array(self.meta), "position": np.array(position),
                   "rng": np.array(json.dumps(rng.bit_generator.state))}
@@ -209,40 +241,108 @@ class Checkpoint:
             with open(tmp, "wb") as f:
                 np.savez(f, **arrays)
 
-        replace_atomically(self.path, write)
+        with _WRITING:
+            replace_atomically(self.path, write)
         self.last = time.monotonic()
 
     def resume(self, rng, kept):
-        """``(position, state, kept)`` from the file, ``rng`` set to its saved state; ``(0, None, kept)`` without one."""
+        """``(position, state, kept)`` from the file, ``rng`` set to its saved state; ``(0, None, kept)``
+        without one. A file of another run is refused (:meth:`differences`)."""
         if not os.path.exists(self.path):
             return 0, None, kept
         try:
             with np.load(self.path, allow_pickle=False) as z:
                 arrays = {k: z[k] for k in z.files}
-            meta = str(arrays.pop("meta"))
+            meta = json.loads(str(arrays.pop("meta")))
             position = int(arrays.pop("position"))
             generator = json.loads(str(arrays.pop("rng")))
         except Exception as exc:  # noqa: BLE001 - zip, numpy and JSON errors of a damaged file
             raise InputError(f"the checkpoint {self.path!r} cannot be read ({type(exc).__name__}: {exc}); "
                              "delete it to start afresh.") from None
-        if meta != self.meta:
-            raise InputError(f"the checkpoint {self.path!r} belongs to another run (its seed, draws, tune, thin, "
-                             "chains or recorded names differ, or it was written by a sampler with another state, "
-                             "e.g. another vbsvm version); delete it or pass another checkpoint path.")
+        differ = self.differences(meta)
+        if differ:
+            raise InputError(
+                f"the checkpoint {self.path!r} belongs to another run; these differ: {'; '.join(differ)}. "
+                f"Delete the files {self.base + '.chain*.npz'!r} to start this run afresh, or pass another "
+                "checkpoint= path (or rerun with the checkpoint's arguments and data to resume it).")
         rng.bit_generator.state = generator
         state = {k[len("state:"):]: v for k, v in arrays.items() if k.startswith("state:")}
         for name in kept:
             kept[name] = list(arrays.get(f"kept:{name}", []))
         return position, state, kept
 
+    def differences(self, stored):
+        """What differs between the run a file records (``stored`` meta) and this one, each
+        ``"what (file: value, this run: value)"``."""
+        mine = json.loads(self.meta)
+        if not isinstance(stored, dict):
+            return ["its meta data (not a record of a vbsvm run)"]
+        out = []
+        for key in sorted(set(mine) | set(stored)):
+            if key == "run" or stored.get(key) == mine.get(key):
+                continue
+            what = _MEANING.get(key, key)
+            # the start is the generator state derived from the seed: too long to show
+            out.append(what if key == "start" else f"{what} (file: {_short(stored.get(key))}, "
+                                                   f"this run: {_short(mine.get(key))})")
+        ran, run = stored.get("run"), mine.get("run") or {}
+        if ran is None:
+            if run:
+                out.append("formula, design and data (not recorded in the file)")
+            return out
+        out += [f"{key} (file: {_short(ran.get(key))}, this run: {_short(run.get(key))})"
+                for key in sorted(set(run) | set(ran)) if ran.get(key) != run.get(key)]
+        return out
+
     def remove(self):
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
 
 
+def _short(value, width=70):
+    if isinstance(value, str) and value.startswith("sha256:"):
+        return repr(value[:19])  # a digest: its first 12 hex digits tell two apart
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+@contextlib.contextmanager
+def _holding(*names):
+    """Hold the signals back in this thread (POSIX) while the block runs; delivered after it."""
+    numbers = {getattr(signal, name) for name in names if hasattr(signal, name)}
+    if not numbers or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+_RUN = contextvars.ContextVar("vbsvm_gibbs_run", default=None)
+
+
+@contextlib.contextmanager
+def bound_run(run):
+    """Bind the checkpoints of the Gibbs runs inside the block to ``run``.
+
+    ``run`` is a JSON-able dict of what else the chains depend on (the fit layer's formula,
+    design columns, a hash of the data, the model's settings; see
+    :func:`vbsvm.inference.run_fingerprint.run_fingerprint`); :func:`run_chains` stores it in every
+    checkpoint and refuses to resume a file whose entries differ, naming them. ``None`` binds
+    nothing beyond :func:`run_chains`'s own arguments.
+    """
+    token = _RUN.set(run)
+    try:
+        yield
+    finally:
+        _RUN.reset(token)
+
+
 def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, record=("theta",),
                progress=True, n_jobs=1, checkpoint=None, checkpoint_every=60.0, max_draws=None,
-               monitor=None) -> GibbsResult:
+               monitor=None, run=None) -> GibbsResult:
     """Run ``chains`` Gibbs chains of ``model``, extended until they converge (with a ``monitor``).
 
     Parameters
@@ -276,8 +376,8 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         at sweep boundaries) every ``checkpoint_every`` seconds and when the run is stopped. If
         they exist, each chain resumes where its file left off, and the draws are the same as
         those of an uninterrupted run (the file holds the generator state). A file written by a
-        run with other arguments is refused. The files are removed when the run completes. A
-        checkpointed run is not extended.
+        run with other arguments or another ``run`` is refused, naming what differs. The files
+        are removed when the run completes. A checkpointed run is not extended.
     checkpoint_every : float
         Seconds between checkpoints.
     max_draws : int, optional
@@ -291,6 +391,10 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         continues from its last state and generator state for :func:`extension_size` more draws,
         unless the draws needed (:func:`draws_needed`) exceed ``HOPELESS * max_draws``: chains that
         far from mixing gain nothing from the cap but time, and the fit's warning gives the count.
+    run : dict, optional
+        What else the chains depend on (JSON-able: formula, design, a hash of the data, the
+        model's settings), recorded in the checkpoints; default: the run bound by
+        :func:`bound_run` (:func:`vbsvm.svm` binds its fit's).
 
     Returns
     -------
@@ -307,6 +411,13 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     vbsvm.exceptions.NumericalError
         If a sweep fails numerically (e.g. a Cholesky factorization).
     """
+    with interrupts.collecting():  # after a Ctrl-C, a second one does not lose the draws being collected
+        return _run_chains(model, draws, tune, chains, thin, seed, record, progress, n_jobs, checkpoint,
+                           checkpoint_every, max_draws, monitor, run)
+
+
+def _run_chains(model, draws, tune, chains, thin, seed, record, progress, n_jobs, checkpoint, checkpoint_every,
+                max_draws, monitor, run):
     start = time.perf_counter()
     rngs = chain_generators(seed, chains)
     points = [None] * chains
@@ -319,7 +430,7 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         initial = model.gibbs_initial_state(np.random.default_rng(0))
         Checkpoint.check({f"state:{k}": v for k, v in initial.items()})  # before any sweep, not at the first save
         meta = {"draws": draws, "tune": tune, "thin": thin, "chains": chains, "record": list(record),
-                "model": type(model).__name__, "state": sorted(initial)}
+                "model": type(model).__name__, "state": sorted(initial), "run": _RUN.get() if run is None else run}
         points = [Checkpoint(checkpoint, c, dict(meta, start=rngs[c].bit_generator.state), checkpoint_every)
                   for c in range(chains)]
     cap = draws if monitor is None or checkpoint is not None else max(
@@ -350,10 +461,13 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         for point in points:
             point.remove()
     if interrupted:
+        kept_in = "" if checkpoint is None else (
+            f" The checkpoint files {os.fspath(checkpoint) + '.chain*.npz'!r} hold the chains' positions: the same "
+            "call continues the run.")
         warnings.warn(
             f"Gibbs sampling was interrupted (KeyboardInterrupt): returning {kept_chains} chain(s) x "
             f"{n_kept} draws of the {chains} x {target} asked for. R-hat and ESS from so few draws are "
-            "unreliable; rerun to completion before drawing conclusions.", InterruptWarning, stacklevel=2)
+            f"unreliable; rerun to completion before drawing conclusions.{kept_in}", InterruptWarning, stacklevel=3)
     return GibbsResult(draws=stacked, seconds=time.perf_counter() - start, chains=kept_chains,
                        n_draws=n_kept, tune=tune, thin=thin, interrupted=interrupted, requested=draws,
                        max_draws=cap, extensions=extensions)
@@ -420,11 +534,14 @@ class _Chains:
                 for c in range(chains)]
         if self.n_jobs == 1:
             out, interrupted = {}, False
-            for c in range(chains):
-                out[c] = _run_one(*args[c])
-                if out[c][1]:
-                    interrupted = True
-                    break
+            # checkpointed chains stop at a sweep boundary at Ctrl-C, to save their position there
+            stop = threading.Event() if any(point is not None for point in self.points) else None
+            with interrupts.stop_at_boundary(stop):
+                for c in range(chains):
+                    out[c] = _run_one(*args[c], stop=stop)
+                    if out[c][1]:
+                        interrupted = True
+                        break
         else:
             out, interrupted = _run_parallel(args, self.n_jobs)
         for c, (kept, _, state, rng) in out.items():
@@ -454,10 +571,17 @@ def _start_method():
     return "fork" if sys.platform.startswith("linux") else "spawn"
 
 
-def _worker(conn, stop, tasks):
+def _worker(conn, stop, tasks, parent):
     """Body of a worker process: run ``tasks`` (chain index, arguments) and send each result
-    (the chain's new draws, whether it was stopped, its last state and its generator)."""
+    (the chain's new draws, whether it was stopped, its last state and its generator); exit
+    if the process ``parent`` dies (:func:`_exit_with_parent`)."""
+    global _WRITING
+    _WRITING = threading.Lock()  # not the parent's, which another of its threads may have held at the fork
+    # the parent started this process with SIGINT and SIGTERM blocked (see _ChainProcesses._start)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when to stop (via ``stop``)
+    _unblock(signal.SIGINT)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler the user's script installed
+    _exit_with_parent(parent)
     try:
         for c, task in tasks:
             try:
@@ -472,6 +596,89 @@ def _worker(conn, stop, tasks):
         conn.close()
 
 
+#: seconds between a worker's checks that its parent is alive
+PARENT_POLL = 0.25
+
+
+def _exit_with_parent(parent):
+    """Make this worker process exit when the process ``parent`` dies (e.g. ``kill -9``), but
+    never while it writes a checkpoint (which would leave a temporary file behind).
+
+    A daemon thread (:func:`_watch_parent`) checks every ``PARENT_POLL`` seconds whether
+    ``os.getppid()`` is still ``parent`` (an orphan is adopted by another process; on Windows,
+    which keeps the dead parent's id, it waits on the sentinel of
+    :func:`multiprocessing.parent_process` instead), then exits with ``os._exit`` once no
+    checkpoint is being written. On Linux the kernel also sends SIGTERM at the parent's death
+    (``prctl(PR_SET_PDEATHSIG)``): every thread of the worker blocks SIGTERM and the watch thread
+    takes it (``sigtimedwait``), so that it, and the parent's ``terminate()``, end the worker at
+    once, between writes. If the thread cannot start, SIGTERM keeps its default action, and the
+    parent-death signal alone ends the worker. Without these a worker whose parent was killed
+    sampled on, then blocked for ever writing its draws to the pipe.
+    """
+    takes_sigterm = hasattr(signal, "sigtimedwait") and hasattr(signal, "pthread_sigmask")
+    if takes_sigterm:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+    else:
+        _unblock(signal.SIGTERM)
+    _parent_death_signal(signal.SIGTERM)
+    if os.name == "posix" and os.getppid() != parent:  # died before the signal was armed
+        os._exit(1)
+    if not _start_watch(parent, takes_sigterm) and takes_sigterm:
+        _unblock(signal.SIGTERM)
+
+
+def _start_watch(parent, takes_sigterm):
+    """Start the thread of :func:`_watch_parent`; False if it cannot start."""
+    try:
+        threading.Thread(target=_watch_parent, args=(parent, takes_sigterm), name="vbsvm-parent-watch",
+                         daemon=True).start()
+    except RuntimeError:  # can't start new thread
+        return False
+    return True
+
+
+def _watch_parent(parent, takes_sigterm):
+    """Until the process ``parent`` is gone or SIGTERM arrives (``takes_sigterm``), poll; then
+    exit (between checkpoint writes)."""
+    sentinel = None if takes_sigterm else getattr(multiprocessing.parent_process(), "sentinel", None)
+    while True:
+        signalled = ready = False
+        if takes_sigterm:
+            signalled = signal.sigtimedwait({signal.SIGTERM}, PARENT_POLL) is not None
+        elif sentinel is not None:
+            ready = bool(wait([sentinel], timeout=PARENT_POLL))
+        else:
+            time.sleep(PARENT_POLL)
+        # POSIX: an orphan's parent id changes (the sentinel of a worker started before a sibling
+        # stays open while the sibling lives); Windows keeps the dead parent's id
+        orphan = os.getppid() != parent if os.name == "posix" else ready
+        if signalled or orphan:
+            with _WRITING:
+                os._exit(1)
+        if ready:  # closed while the parent lives: poll the id only (no busy loop)
+            sentinel = None
+
+
+def _parent_death_signal(number):
+    """Linux: ask the kernel to send ``number`` to this process when its parent dies (no-op
+    elsewhere or if ``prctl`` is unavailable)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, int(number), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _unblock(number):
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {number})
+
+
 def _picklable(exc):
     import pickle
 
@@ -483,18 +690,21 @@ def _picklable(exc):
 
 
 def _run_parallel(args, n_jobs):
-    """Run the chains in ``min(n_jobs, chains)`` processes; ``({chain: result of _run_one}, interrupted)``."""
+    """Run the chains in ``min(n_jobs, chains)`` processes; ``({chain: result of _run_one}, interrupted)``.
+
+    At Ctrl-C the workers are asked to stop (each saves its checkpoint and sends its chain) and
+    their chains are collected for up to ``STOP_GRACE`` seconds; a second Ctrl-C meanwhile is
+    absorbed (:mod:`vbsvm.inference.interrupts`), a third aborts.
+    """
     pool = _ChainProcesses(args, n_jobs)
     try:
         try:
             pool.collect()
             return pool.out, False
         except KeyboardInterrupt:
+            interrupts.absorb()
             pool.stop.set()
-            try:
-                pool.collect(timeout=STOP_GRACE)
-            except KeyboardInterrupt:  # a second Ctrl-C: keep what arrived, stop the workers now
-                pass
+            pool.collect(timeout=STOP_GRACE)
             return pool.out, True
     finally:
         pool.close()
@@ -525,10 +735,14 @@ class _ChainProcesses:
             for w in range(min(n_jobs, chains)):
                 receive, send = ctx.Pipe(duplex=False)
                 mine = list(range(w, chains, n_jobs))
-                proc = ctx.Process(target=_worker, args=(send, self.stop, [(c, args[c]) for c in mine]),
+                proc = ctx.Process(target=_worker, args=(send, self.stop, [(c, args[c]) for c in mine], os.getpid()),
                                    daemon=True, name=f"vbsvm-gibbs-{w}")
                 self.processes.append(proc)
-                proc.start()
+                # a worker starts with SIGINT and SIGTERM blocked (a forked child inherits this
+                # thread's mask): a Ctrl-C cannot raise in it before it ignores SIGINT, and no thread
+                # it starts takes SIGTERM from its watch thread (_exit_with_parent)
+                with _holding("SIGINT", "SIGTERM"):
+                    proc.start()
                 send.close()
                 self.open[receive] = (proc, mine)
 
