@@ -202,7 +202,7 @@ def test_gpsvm_reproducible_and_predict_kinds(tmp_path):
     assert "bias.variance" in f1.hyperparameters.index
     text = f1.summary().as_text()
     assert "rbf.lengthscale" in text and "inducing" in text
-    tree = f1.to_arviz(draws=50, chains=2)
+    tree = f1.with_draw_shape(2, 50).to_arviz()
     assert tree["posterior"]["u"].shape == (2, 50, 20)
     assert tree.attrs["vbsvm_fit_type"] == "gpsvm"
     path = tmp_path / "gp.nc"

@@ -281,8 +281,6 @@ def _gp_frame(n=120, seed=0):
 
 
 def test_draw_shape_requests_are_honoured_for_every_fit_type(sim):
-    from vbsvm.results.compare import _posterior
-
     incomplete = sim.copy()
     incomplete.loc[::9, "x1"] = np.nan
     df = _gp_frame(80)
@@ -301,7 +299,7 @@ def test_draw_shape_requests_are_honoured_for_every_fit_type(sim):
         var = "u" if name.startswith("gp") else "beta"
         own = fit.to_arviz()["posterior"][var].shape[:2]
         for shape in [(3, 41), (2, 17)]:  # a second request must not reuse the first one's draws
-            got = _posterior(fit, shape)[var].shape[:2]
+            got = fit.draws(*shape)[var].shape[:2]
             assert got == (own if name == "gibbs" else shape), (name, shape, got)
         assert fit.to_arviz()["posterior"][var].shape[:2] == own, name  # the fit is untouched
     sel = fits["laplace_zero"]
@@ -311,10 +309,10 @@ def test_draw_shape_requests_are_honoured_for_every_fit_type(sim):
 def test_gp_draws_are_pure_and_of_the_requested_shape():
     df = _gp_frame(80)
     fit = vbsvm.gpsvm("cls ~ a + b", df, n_inducing=10, seed=0, optimize=False)
-    a = fit.draws(2, 25, seed=3)
+    a = fit.draws(2, 25, seed=3)["u"]
     assert a.shape == (2, 25, 10)
-    np.testing.assert_array_equal(a, fit.draws(2, 25, seed=3))
-    assert fit.draws(1, 7).shape == (1, 7, 10)
+    np.testing.assert_array_equal(a, fit.draws(2, 25, seed=3)["u"])
+    assert fit.draws(1, 7)["u"].shape == (1, 7, 10)
     assert fit.to_arviz()["posterior"]["u"].shape == (4, 1000, 10)
     other = fit.with_draw_shape(3, 5)
     assert other.to_arviz()["posterior"]["u"].shape == (3, 5, 10)

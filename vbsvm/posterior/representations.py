@@ -133,6 +133,18 @@ class _Posterior:
         """The ``sample_stats`` group of the ArviZ tree (None: none)."""
         return None
 
+    def closed_form(self):
+        """The Gaussian q of theta and the inverse-gamma q of each variance as arrays
+        (``theta_mean``, ``theta_var``, ``var_shape``, ``var_scale``), or None when the posterior
+        is not of that form (draws, a mode, a spike-and-slab q)."""
+        return None
+
+    def coefficient_covariance(self, p) -> np.ndarray:
+        """Posterior covariance (p, p) of the first ``p`` coordinates of theta (the fixed
+        effects): the covariance of the draws."""
+        d = self.theta_draws()[:, :p]
+        return np.atleast_2d(np.cov(d, rowvar=False))
+
     def arviz_attrs(self, info) -> dict:
         """Attributes of the ArviZ posterior group that say what the draws are."""
         return {}
@@ -200,6 +212,10 @@ class PosteriorMode(_Posterior):
 
     def prob_positive(self, rows, mean, sd):
         raise ValueError("a posterior mode has no P(f > 0)")
+
+    def coefficient_covariance(self, p) -> np.ndarray:
+        """A mode has no spread: NaN."""
+        return np.full((p, p), np.nan)
 
 
 class GaussianApproximation(_Posterior):
@@ -274,6 +290,14 @@ class GaussianApproximation(_Posterior):
     def score_moments(self, dense, sc):
         mean, var = self.score_mean_var(dense, sc)
         return mean, np.sqrt(np.maximum(var, 0.0))
+
+    def closed_form(self):
+        P = self.arrays
+        return {k: np.asarray(P[k]) for k in ("theta_mean", "theta_var", "var_shape", "var_scale")}
+
+    def coefficient_covariance(self, p) -> np.ndarray:
+        """The block of the Gaussian q's covariance (a calibrated fit: of its mixture)."""
+        return np.asarray(self.arrays["theta_cov_dense"])[:p, :p]
 
     def prob_positive(self, rows, mean, sd):
         """``Phi(m / s)`` of the Gaussian score."""
@@ -449,6 +473,14 @@ class SpikeSlabApproximation(GaussianApproximation):
         """The fraction of iid draws from q with a positive score (the score is a spike-and-slab
         mixture, not Gaussian)."""
         return _Posterior.prob_positive(self, rows, mean, sd)
+
+    def closed_form(self):
+        """None: the effective coefficients' q is a spike-and-slab mixture, not Gaussian."""
+        return None
+
+    def coefficient_covariance(self, p) -> np.ndarray:
+        """The covariance of the iid draws of the effective coefficients from q."""
+        return _Posterior.coefficient_covariance(self, p)
 
     def arviz_attrs(self, info) -> dict:
         out = super().arviz_attrs(info)

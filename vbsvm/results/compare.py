@@ -31,146 +31,30 @@ predictive distribution of the latent score, ``f[<row>]``, at ``n_points`` rows 
 fit's training data (closed-form Gaussian q(f) for VB/SVI, draws for Gibbs) and lists the kernel
 hyperparameters both fits have (point estimates, so no accuracy).
 
-Draws of a requested (chain, draw) shape come from a new object (:func:`_with_draw_shape`), never
-from a shallow copy of the fit, so no cache is shared between a fit and its redrawn version.
+Every fit gives what the comparison needs through the result contract
+(:class:`vbsvm.results.contract.FitResult`): named marginals (:meth:`marginals`), its draws, its
+training rows, inclusion probabilities and linear-response sds where it has them. Draws of a
+requested (chain, draw) shape come from a new object (``fit.with_draw_shape``), never from a
+shallow copy of the fit, so no cache is shared between a fit and its redrawn version.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scipy import stats
-from scipy.signal import fftconvolve
+import xarray as xr
 
 from vbsvm.exceptions import DiagnosticWarning, InputError, InputTypeError
-from vbsvm.posterior import linear_response as lr
-from vbsvm.results.fit import Fit
+from vbsvm.results.marginal import Marginal, kde_on_grid
 
-__all__ = ["compare", "Comparison", "accuracy", "kde_on_grid"]
+__all__ = ["compare", "Comparison", "accuracy", "kde_on_grid", "Marginal"]
 
 PLOT_KINDS = ("forest", "density", "inclusion")
 
 
 # =============================================================================== accuracy
-def _silverman(x) -> float:
-    x = np.asarray(x, dtype=float)
-    sd = x.std(ddof=1) if x.size > 1 else 0.0
-    iqr = np.subtract(*np.percentile(x, [75, 25])) / 1.349 if x.size > 1 else 0.0
-    spread = min(sd, iqr) if iqr > 0 else sd
-    if not spread > 0:
-        spread = max(abs(float(x.mean())), 1.0) * 1e-8 if x.size else 1.0
-    return 0.9 * spread * x.size ** (-0.2)
-
-
-def kde_on_grid(draws, grid, *, bandwidth=None, lower=None) -> np.ndarray:
-    """Gaussian kernel density estimate of ``draws`` on an evenly spaced ``grid``.
-
-    Linear binning plus an FFT convolution (exact up to the binning, O(N + G log G)).
-
-    Parameters
-    ----------
-    draws : array_like
-        1-d sample.
-    grid : numpy.ndarray
-        Evenly spaced evaluation points, covering the data.
-    bandwidth : float, optional
-        Kernel sd; default Silverman's rule ``0.9 min(sd, IQR/1.349) N^(-1/5)``.
-    lower : float, optional
-        Known lower bound of the support: the estimate is reflected there (no mass leaks below).
-
-    Returns
-    -------
-    numpy.ndarray
-        Density values at ``grid`` (integrating to ~1 over the grid).
-    """
-    x = np.asarray(draws, dtype=float).ravel()
-    h = _silverman(x) if bandwidth is None else float(bandwidth)
-    if lower is not None:
-        x = np.concatenate([x, 2.0 * lower - x])
-    g0, dx = grid[0], grid[1] - grid[0]
-    # extend the grid by 5 bandwidths on both sides so that no kernel mass is cut
-    pad = int(np.ceil(5 * h / dx)) + 1
-    G = grid.size + 2 * pad
-    pos = (x - g0) / dx + pad
-    inside = (pos >= 0) & (pos <= G - 1)
-    pos = pos[inside]
-    left = np.floor(pos).astype(np.int64)
-    left = np.minimum(left, G - 2)
-    frac = pos - left
-    counts = np.bincount(left, weights=1.0 - frac, minlength=G) + np.bincount(left + 1, weights=frac, minlength=G)
-    half = int(np.ceil(5 * h / dx))
-    kx = np.arange(-half, half + 1) * dx
-    kernel = np.exp(-0.5 * (kx / h) ** 2)
-    kernel /= kernel.sum() * dx
-    dens = fftconvolve(counts, kernel, mode="same")[pad: pad + grid.size]
-    n_orig = np.asarray(draws).size
-    dens = np.maximum(dens, 0.0) / n_orig
-    if lower is not None:
-        dens[grid < lower] = 0.0
-    return dens
-
-
-@dataclass
-class _Marginal:
-    """A one-dimensional marginal: closed form (``dist``), a sample (``draws``), or a point."""
-
-    mean: float
-    sd: float
-    dist: object = None
-    draws: np.ndarray | None = None
-    lower: float | None = None
-
-    @property
-    def kind(self) -> str:
-        return "analytic" if self.dist is not None else "draws" if self.draws is not None else "point"
-
-    def spike(self) -> float:
-        if self.draws is None:
-            return 0.0
-        return float(np.mean(self.draws == 0.0))
-
-    def _continuous(self):
-        if self.draws is None:
-            return None
-        nz = self.draws[self.draws != 0.0]
-        return nz if nz.size >= 2 else None
-
-    def support(self):
-        """(lo, hi, resolution) of the continuous part, or None if it has none."""
-        if self.dist is not None:
-            lo, hi = self.dist.ppf(1e-7), self.dist.ppf(1 - 1e-7)
-            return float(lo), float(hi), float(self.dist.std()) / 20.0
-        nz = self._continuous()
-        if nz is None:
-            return None
-        h = _silverman(nz)
-        return float(nz.min() - 5 * h), float(nz.max() + 5 * h), h / 5.0
-
-    def density(self, grid):
-        """Continuous part of the density on ``grid`` (integrates to ``1 - spike``)."""
-        if self.dist is not None:
-            return self.dist.pdf(grid)
-        nz = self._continuous()
-        if nz is None:
-            return np.zeros_like(grid)
-        return kde_on_grid(nz, grid, lower=self.lower) * (nz.size / self.draws.size)
-
-
-def _as_marginal(x, lower=None) -> _Marginal:
-    if isinstance(x, _Marginal):
-        return x
-    if hasattr(x, "pdf") and hasattr(x, "ppf"):
-        return _Marginal(float(x.mean()), float(x.std()), dist=x, lower=lower)
-    arr = np.asarray(x, dtype=float).ravel()
-    if arr.size < 2 or not np.all(np.isfinite(arr)):
-        raise InputError("draws for the accuracy score must be at least 2 finite numbers.")
-    return _Marginal(float(arr.mean()), float(arr.std(ddof=1)), draws=arr, lower=lower)
-
-
 def accuracy(q, p, *, lower=None, max_grid=2 ** 16) -> float:
     r"""Accuracy of the marginal ``q`` against the reference ``p``, in percent.
 
@@ -201,7 +85,7 @@ def accuracy(q, p, *, lower=None, max_grid=2 ** 16) -> float:
     >>> round(accuracy(stats.norm(0, 1), stats.norm(1, 1)), 2)   # 200 * (1 - Phi(1/2))
     61.71
     """
-    mq, mp = _as_marginal(q, lower), _as_marginal(p, lower)
+    mq, mp = Marginal.coerce(q, lower), Marginal.coerce(p, lower)
     if mq.kind == "point" or mp.kind == "point":
         return float("nan")
     l1 = abs(mq.spike() - mp.spike())
@@ -225,137 +109,17 @@ def accuracy(q, p, *, lower=None, max_grid=2 ** 16) -> float:
     return float(np.clip(100.0 * (1.0 - 0.5 * l1), 0.0, 100.0))
 
 
-# =============================================================================== fit marginals
-def _is_linear_vb(fit) -> bool:
-    """Does the fit carry the closed-form q of the linear model (Gaussian theta, IG variances)?"""
-    P = getattr(fit, "posterior", None)
-    return (getattr(fit, "method", None) == "vb" and isinstance(P, dict) and "theta_mean" in P
-            and "theta_var" in P and hasattr(fit, "layout")
-            and (getattr(fit, "settings", {}) or {}).get("prior") is None)
+# =============================================================================== fits
+#: methods of the result contract (:class:`vbsvm.results.contract.FitResult`) that compare calls
+CONTRACT = ("marginals", "predict", "draws", "training_rows", "evaluation_points", "inclusion_probabilities",
+            "linear_response_sd", "observed_signs")
 
 
-def _with_draw_shape(fit, shape):
-    """``fit`` with its iid draws from q in the shape ``(chains, draws)``.
-
-    Only fits whose draws come from a variational q (``method`` ``"vb"`` or ``"svi"``) are
-    redrawn; sampler draws stay as they are.  The result is a new object that shares no cache
-    with ``fit`` (``fit`` itself is never changed): the fit's own ``with_draw_shape(chains,
-    draws)`` when it has one, else a fresh dataclass instance built from the fit's saved
-    posterior with the new shape in its settings.
-    """
-    if shape is None or getattr(fit, "method", None) not in ("vb", "svi"):
-        return fit
-    chains, draws = int(shape[0]), int(shape[1])
-    if hasattr(fit, "with_draw_shape"):
-        return fit.with_draw_shape(chains, draws)
-    if dataclasses.is_dataclass(fit) and isinstance(getattr(fit, "settings", None), dict):
-        return dataclasses.replace(fit, settings={**fit.settings, "chains": chains, "draws": draws})
-    return fit
-
-
-def _posterior(fit, shape=None):
-    """The ``posterior`` group of ``fit.to_arviz()``; VB draws redrawn with ``shape`` if given."""
-    return _with_draw_shape(fit, shape).to_arviz()["posterior"].to_dataset()
-
-
-def _is_gp(fit) -> bool:
-    """A sparse-GP fit (:class:`vbsvm.GPFit`): compared by f at common points and its kernel
-    hyperparameters."""
-    return hasattr(fit, "predict_f") and hasattr(fit, "hyperparameters")
-
-
-def _training_rows(fit):
-    """The fit's training data as a DataFrame, or None when it does not carry it (array fits,
-    GP fits loaded from a file)."""
-    raw = getattr(getattr(fit, "design", None), "raw", None)
-    return raw if raw is not None and len(raw) > 0 else None
-
-
-def _gp_points(fit, n_points):
-    """Up to ``n_points`` rows of ``fit``'s training data, evenly spaced (its inducing
-    locations, standardized, when it carries no data), and their labels ``f[<row>]``."""
-    raw = _training_rows(fit)
-    rows = raw if raw is not None else np.asarray(fit.inducing_points)
-    idx = np.unique(np.linspace(0, len(rows) - 1, min(n_points, len(rows))).round().astype(int))
-    if raw is not None:
-        return raw.iloc[idx], [f"f[{lab}]" for lab in raw.index[idx]]
-    return rows[idx], [f"f[z{i}]" for i in idx]
-
-
-def _gp_marginals(fit, points, labels) -> dict:
-    """``{f[row]: marginal of f, hyperparameter: its value}`` of a GP fit: q(f) in closed form
-    (VB/SVI) or the draws of f (Gibbs); hyperparameters are point estimates."""
-    out = {}
-    if getattr(fit, "gibbs_draws", None) is None:
-        mean, var = fit.predict_f(points)
-        for lab, m_, v_ in zip(labels, mean, np.sqrt(var)):
-            out[lab] = _Marginal(float(m_), float(v_), dist=stats.norm(m_, v_))
-    else:
-        F = fit.f_draws(points).reshape(-1, len(labels))
-        for k, lab in enumerate(labels):
-            out[lab] = _Marginal(float(F[:, k].mean()), float(F[:, k].std(ddof=1)), draws=F[:, k])
-    for name, value in fit.hyperparameters["value"].items():
-        out[name] = _Marginal(float(value), float("nan"))
-    return out
-
-
-def _wanted(var: str, ranef: bool) -> bool:
-    if var == "beta" or var.startswith("sigma2"):
-        return True
-    return ranef and var.startswith("b_")
-
-
-def _marginals(fit, ranef: bool, shape=None) -> dict:
-    """Ordered ``{parameter name: _Marginal}`` of a fit.
-
-    Closed form for linear VB fits; otherwise from the draws of ``fit.to_arviz()`` (a VB fit's
-    iid draws from q are redrawn with ``shape`` = (chains, draws) when given).
-    """
-    out = {}
-    if _is_linear_vb(fit):
-        P, lay = fit.posterior, fit.layout
-        mean, var = np.asarray(P["theta_mean"]), np.asarray(P["theta_var"])
-        for j, term in enumerate(lay.fixed):
-            out[f"beta[{term}]"] = _Marginal(mean[j], np.sqrt(var[j]), dist=stats.norm(mean[j], np.sqrt(var[j])))
-        for k, name in enumerate(lay.variances):
-            a, b = float(np.atleast_1d(P["var_shape"])[k]), float(np.atleast_1d(P["var_scale"])[k])
-            d = stats.invgamma(a, scale=b)
-            out[name] = _Marginal(float(d.mean()), float(d.std()), dist=d, lower=0.0)
-        if ranef:
-            for g, (levels, ix) in lay.groups.items():
-                for lv, i in zip(levels, ix):
-                    out[f"b_{g}[{lv}]"] = _Marginal(mean[i], np.sqrt(var[i]), dist=stats.norm(mean[i], np.sqrt(var[i])))
-        return out
-    post = _posterior(fit, shape)
-    point = getattr(fit, "method", None) == "map"
-    for var in post.data_vars:
-        if not _wanted(var, ranef):
-            continue
-        da = post[var]
-        extra = [d for d in da.dims if d not in ("chain", "draw")]
-        lower = 0.0 if var.startswith("sigma2") else None
-        if len(extra) > 1:
-            continue
-        flat = da.values.reshape(da.shape[0] * da.shape[1], -1)
-        labels = [f"{var}[{c}]" for c in da[extra[0]].values] if extra else [var]
-        for k, name in enumerate(labels):
-            x = flat[:, k]
-            if point:
-                out[name] = _Marginal(float(x[0]), float("nan"))
-            else:
-                out[name] = _Marginal(float(x.mean()), float(x.std(ddof=1)), draws=x, lower=lower)
-    return out
-
-
-def _inclusion(fit):
-    """``{beta[term]: p_include}`` for fits with inclusion probabilities, else None."""
-    if not hasattr(fit, "inclusion"):
-        return None
-    try:
-        inc = fit.inclusion()
-    except Exception:  # a fit type whose inclusion() is not available for this model
-        return None
-    return {f"beta[{t}]": float(v) for t, v in inc["p_include"].items()}
+def _plotted(post, ranef: bool) -> list:
+    """Posterior variables a forest or density plot shows: the coefficients and variances (and
+    the random effects with ``ranef``)."""
+    return [v for v in post.data_vars
+            if v == "beta" or v.startswith("sigma2") or (ranef and v.startswith("b_"))]
 
 
 # =============================================================================== Comparison
@@ -381,43 +145,27 @@ class Comparison:
 
     # ---------------------------------------------------------------- table
     def _ref_shape(self):
-        if "shape" not in self._cache:
-            post = _posterior(self.fits[self.reference])
-            self._cache["shape"] = (post.sizes.get("chain", 1), post.sizes.get("draw", 1))
-        return self._cache["shape"]
+        """``(chains, draws)`` of the reference fit's draws."""
+        return tuple(self.fits[self.reference].draw_shape)
+
+    def _points(self):
+        """Rows (and labels) of the reference fit where models without coefficients are compared."""
+        if "points" not in self._cache:
+            self._cache["points"] = self.fits[self.reference].evaluation_points(self.n_points)
+        return self._cache["points"]
 
     def _marg(self, name, ranef):
         key = ("marg", name, ranef)
         if key not in self._cache:
-            fit = self.fits[name]
-            if _is_gp(fit):
-                if "points" not in self._cache:
-                    self._cache["points"] = _gp_points(self.fits[self.reference], self.n_points)
-                self._cache[key] = _gp_marginals(fit, *self._cache["points"])
-                return self._cache[key]
-            shape = None
-            if getattr(fit, "method", None) == "vb" and not _is_linear_vb(fit):
-                ref = self._ref_shape()
-                own = (fit.settings.get("chains", 1), fit.settings.get("draws", 1)) if hasattr(fit, "settings") else ref
-                shape = ref if ref[0] * ref[1] > own[0] * own[1] else None
-            self._cache[key] = _marginals(fit, ranef, shape)
+            self._cache[key] = self.fits[name].marginals(ranef=ranef, points=self._points(),
+                                                         draw_shape=self._ref_shape())
         return self._cache[key]
 
     def _lr(self, name):
         key = ("lr", name)
         if key not in self._cache:
-
-            fit = self.fits[name]
-            eligible = (_is_linear_vb(fit) and fit.settings.get("missing") != "impute"
-                        and fit.settings.get("approximation") != "calibrated")
-            if eligible and fit.n_obs > lr.MAX_N:
-                warnings.warn(
-                    f"no linear-response sd for {name!r}: its dense {fit.n_obs} x {fit.n_obs} solve is "
-                    f"skipped above {lr.MAX_N} rows (in Python, vbsvm.linear_response(fit, max_n=...) "
-                    "computes it if memory allows).", DiagnosticWarning, stacklevel=3)
-                eligible = False
             try:
-                self._cache[key] = lr.linear_response(fit).sd if eligible else None
+                self._cache[key] = self.fits[name].linear_response_sd()
             except InputError as exc:
                 warnings.warn(f"no linear-response sd for {name!r}: {exc}", DiagnosticWarning, stacklevel=3)
                 self._cache[key] = None
@@ -474,7 +222,7 @@ class Comparison:
                 cols[f"{name}_accuracy"] = [accuracy(margs[name][p], margs[ref][p], lower=margs[ref][p].lower)
                                             for p in params]
         for name, fit in self.fits.items():
-            inc = _inclusion(fit)
+            inc = fit.inclusion_probabilities()
             if inc is not None:
                 cols[f"{name}_p_include"] = [inc.get(p, np.nan) for p in params]
         out = pd.DataFrame(cols, index=pd.Index(params, name="parameter"))
@@ -504,21 +252,14 @@ class Comparison:
         cache = data is None
         ref_fit = self.fits[self.reference]
         if data is None:
-            data = _training_rows(ref_fit)
+            data = ref_fit.training_rows()
             if data is None:
                 raise InputError(
                     f"the reference fit {self.reference!r} carries no training data (e.g. a GP fit "
                     "loaded from a file); pass the rows to predict: predictions(data=frame).")
-        design = getattr(ref_fit, "design", None)
-        response = getattr(design, "response", None)
-        obs = None
-        if response is not None and response in data.columns:
-            obs = np.where(data[response].to_numpy() == design.positive_level, 1, -1)
+        obs = ref_fit.observed_signs(data)
         for name, fit in self.fits.items():
-            fit_design = getattr(fit, "design", None)
-            raw = getattr(fit_design, "raw", None)
-            absent = [] if raw is None else [c for c in raw.columns
-                                             if c != fit_design.response and c not in data.columns]
+            absent = [c for c in (fit.predictor_columns or []) if c not in data.columns]
             if absent:
                 rows = (f"the reference fit {self.reference!r}'s training rows" if cache
                         else "the rows passed as data")
@@ -547,21 +288,20 @@ class Comparison:
         """Predicted class as a sign (+1 = positive level) and ``P(f > 0 | data)`` of one fit
         (rows a linear fit cannot predict raise, rather than count as disagreements)."""
 
-        kw = {"na_action": "raise"} if isinstance(fit, Fit) else {}
-        score = fit.predict(data, kind="score", **kw)
+        score = fit.predict(data, kind="score", na_action="raise")
         sign = np.where(score["mean"].to_numpy() > 0, 1, -1)
-        if getattr(fit, "method", None) == "map":
+        if fit.point:
             return sign, np.full(len(data), np.nan)
-        return sign, fit.predict(data, kind="prob", **kw).to_numpy()
+        return sign, np.asarray(fit.predict(data, kind="prob", na_action="raise"), dtype=float)
 
     # ---------------------------------------------------------------- plots
     def _trees(self):
-        """``{name: DataTree}`` with the VB draws redrawn in the reference's (chain, draw) shape."""
-        ref_post = _posterior(self.fits[self.reference])
-        shape = (ref_post.sizes["chain"], ref_post.sizes["draw"])
+        """``{name: DataTree}`` (the posterior draws) with the VB draws redrawn in the reference's
+        (chain, draw) shape."""
+        shape = self._ref_shape()
         trees = {}
         for name, fit in self.fits.items():
-            tree = _with_draw_shape(fit, shape).to_arviz()
+            tree = xr.DataTree.from_dict({"posterior": fit.draws(*shape)})
             post = tree["posterior"]
             got = (post.sizes.get("chain"), post.sizes.get("draw"))
             if got != shape:
@@ -584,9 +324,7 @@ class Comparison:
         return max(total, 1)
 
     def _var_names(self, ranef):
-        post = _posterior(self.fits[self.reference])
-        names = [v for v in post.data_vars if _wanted(v, ranef)]
-        return names
+        return _plotted(self.fits[self.reference].draws(), ranef)
 
     def plot(self, kind: str = "forest", *, ranef: bool = False, **kwargs):
         """Plot the fits overlaid.
@@ -616,10 +354,12 @@ class Comparison:
             raise InputError(f"kind must be one of {PLOT_KINDS}; got {kind!r}.")
         if kind == "inclusion":
             return self._plot_inclusion(**kwargs)
-        if any(_is_gp(f) for f in self.fits.values()):
+        without = [name for name, f in self.fits.items() if "beta" not in f.draws().data_vars]
+        if without:
             raise InputError(
-                f"kind={kind!r} plots the coefficients of linear fits and GP fits have none; use "
-                "table() (f at common points and the kernel hyperparameters) or predictions().")
+                f"kind={kind!r} plots the coefficients (posterior variable 'beta') and fit(s) {without} have none "
+                "(GP fits: use table(), which compares f at common points and the kernel hyperparameters, "
+                "or predictions()).")
         import arviz_plots as azp
 
         trees = self._trees()
@@ -651,7 +391,7 @@ class Comparison:
     def _plot_inclusion(self, **kwargs):
         import matplotlib.pyplot as plt
 
-        incs = {name: _inclusion(fit) for name, fit in self.fits.items()}
+        incs = {name: fit.inclusion_probabilities() for name, fit in self.fits.items()}
         incs = {k: v for k, v in incs.items() if v is not None}
         if not incs:
             raise InputError(
@@ -680,7 +420,7 @@ class Comparison:
     def to_text(self, *, ranef: bool = False, lr: bool = True, digits: int = 4) -> str:
         """The comparison table, the prediction agreement and notes, as plain text."""
         tab = self.table(ranef=ranef, lr=lr)
-        has_rows = _training_rows(self.fits[self.reference]) is not None
+        has_rows = self.fits[self.reference].training_rows() is not None
         lines = [f"Comparison of {', '.join(self.fits)} (reference: {self.reference})", ""]
         with pd.option_context("display.width", 200, "display.max_columns", 50, "display.max_rows", 500):
             lines.append(tab.to_string(float_format=lambda v: f"{v:.{digits}g}"))
@@ -739,7 +479,7 @@ def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
     if len(fits) < 2:
         raise InputError(f"compare needs at least two fits, got {len(fits)}; e.g. compare(fit_vb, fit_gibbs).")
     for i, f in enumerate(fits):
-        if not (hasattr(f, "to_arviz") and hasattr(f, "predict")):
+        if not all(callable(getattr(f, name, None)) for name in CONTRACT):
             raise InputTypeError(
                 f"argument {i + 1} of compare is a {type(f).__name__}, not a vbsvm fit; pass results "
                 "of vbsvm.svm(...) or vbsvm.load(...)."
@@ -747,7 +487,7 @@ def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
     if names is None:
         names, seen = [], {}
         for f in fits:
-            base = str(getattr(f, "method", "fit"))
+            base = str(f.method)
             seen[base] = seen.get(base, 0) + 1
             names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
     else:
@@ -758,12 +498,12 @@ def compare(*fits, names=None, reference=None, n_points=30) -> Comparison:
             raise InputError(f"names has {len(names)} entries but {len(fits)} fits were given; give one name per fit.")
         if len(set(names)) != len(names):
             raise InputError(f"names must be distinct; got {names}.")
-    formulas = {getattr(getattr(f, "design", None), "formula", None) for f in fits}
+    formulas = {f.formula for f in fits}
     if len(formulas) > 1:
         warnings.warn(f"the fits have different formulas {sorted(map(str, formulas))}; only the parameters they "
                       "share are compared.", DiagnosticWarning, stacklevel=2)
     if reference is None:
-        idx = next((i for i, f in enumerate(fits) if getattr(f, "method", None) == "gibbs"), 0)
+        idx = next((i for i, f in enumerate(fits) if f.sampled), 0)
     elif isinstance(reference, (int, np.integer)) and not isinstance(reference, bool):
         if not -len(fits) <= reference < len(fits):
             raise InputError(f"reference={reference} is out of range for {len(fits)} fits.")

@@ -27,6 +27,10 @@ class DaskFit(Fit):
             return predict_dask(self, newdata, kind="score", new_levels=new_levels, na_action=na_action)
         return super().predict_score(newdata, new_levels=new_levels, na_action=na_action)
 
+    def training_rows(self):
+        """None: the fit keeps no rows of the Dask frame."""
+        return None
+
     def to_arviz(self, log_likelihood=True):
         if log_likelihood:
             raise InputError("a fit from a Dask DataFrame keeps no rows, so it has no pointwise log "

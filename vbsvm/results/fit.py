@@ -20,6 +20,7 @@ how sure the posterior is about the side of the boundary, not a class frequency.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -30,6 +31,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 from scipy import stats
+from scipy.special import log_ndtr
 
 from vbsvm import validation
 from vbsvm._version import __version__
@@ -38,8 +40,17 @@ from vbsvm.formula.design import build_design, check_frame
 from vbsvm.formula.encoding import column_name, storable_columns
 from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET
 from vbsvm.io.fit_file import check_rebuilt, check_settings, check_storable, write_atomically
+from vbsvm.posterior import linear_response as lr
 from vbsvm.posterior.representations import add_sparse_score, posterior_of
-from vbsvm.results.summary import build_summary, describe, penalty_description
+from vbsvm.results.contract import (
+    FitResult,
+    SummaryParts,
+    check_na_action,
+    check_new_levels,
+    fill_rows,
+)
+from vbsvm.results.marginal import Marginal
+from vbsvm.results.summary import describe, linear_summary_parts, penalty_description
 
 __all__ = ["Fit", "ThetaLayout"]
 
@@ -129,10 +140,12 @@ def interval_names(level):
 
 
 @dataclass
-class Fit:
+class Fit(FitResult):
     """A fitted linear Bayesian SVM (see :func:`vbsvm.svm`).
 
-    Use the attributes and methods below; the constructor is internal.
+    Use the attributes and methods below (and those of the result contract,
+    :class:`~vbsvm.results.contract.FitResult`: ``params``, ``bse``, ``conf_int``, ``cov_params``,
+    ``loo``, ``compare``); the constructor is internal.
     """
 
     design: object
@@ -153,8 +166,10 @@ class Fit:
     def n_obs(self) -> int:
         return self.design.n
 
-    def _level(self, level):
-        return validation.level(self.settings.get("level", 0.95) if level is None else level)
+    @property
+    def formula(self) -> str:
+        """The formula of the fit."""
+        return self.design.formula
 
     def _cached(self, key, make):
         """``make(self)``, computed once per fit (kept in ``_cache``, which a copy made with
@@ -184,14 +199,19 @@ class Fit:
 
     @property
     def coef(self) -> pd.DataFrame:
-        """Fixed effects on the original scale: mean, sd and a 95% interval
-        (VB: Gaussian q; Gibbs: equal-tailed posterior quantiles; MAP: the mode only)."""
+        """Fixed effects on the original scale: posterior mean, sd and a central 95% credible
+        interval (VB: Gaussian q; Gibbs: equal-tailed posterior quantiles; MAP: the mode only)."""
         return self.coef_table()
 
     def coef_table(self, level=None) -> pd.DataFrame:
         """:attr:`coef` at another interval ``level``."""
         level = self._level(level)
         return self._table(self.layout.fixed, np.arange(self.layout.p), level)
+
+    def coefficient_covariance(self) -> np.ndarray:
+        """Posterior covariance of the fixed effects: the Gaussian q's block under VB, the draws'
+        under Gibbs (and a Laplace-zero VB fit, whose q is not Gaussian), NaN for a mode."""
+        return self._post.coefficient_covariance(self.layout.p)
 
     def ranef(self, level=None) -> dict:
         """Random intercepts: one DataFrame per grouping factor (like ``lme4::ranef``)."""
@@ -328,21 +348,20 @@ class Fit:
         """Mean and sd of the score ``f(x)`` for each row of ``newdata`` (DataFrame); rows of a
         level not seen in training, and rows with missing values, are handled as ``new_levels``
         and ``na_action`` say (see :meth:`predict`)."""
-        _check_new_levels(new_levels)
+        check_new_levels(new_levels)
         newdata, keep = self._rows_to_predict(newdata, na_action)
         rows = newdata.iloc[keep]
         mean, sd = self._score_moments(*self._new_rows(rows, new_levels=new_levels))
         if new_levels == "integrate":
             sd = np.sqrt(np.nan_to_num(sd) ** 2 + self.new_level_variance(rows))
-        return _fill_rows(pd.DataFrame({"mean": mean, "sd": sd}, index=rows.index), newdata, keep, na_action)
+        return fill_rows(pd.DataFrame({"mean": mean, "sd": sd}, index=rows.index), newdata, keep, na_action)
 
     def _rows_to_predict(self, newdata, na_action):
         """``newdata`` (checked) and the positions of its rows the fit can predict: all of them
         but the rows with a missing value the model cannot fill (those raise for
         ``na_action="raise"``)."""
 
-        if na_action not in NA_ACTIONS:
-            raise InputError(f"na_action must be one of {NA_ACTIONS}; got {na_action!r}.")
+        check_na_action(na_action)
         newdata = check_frame(newdata, "newdata")
         incomplete = self.design.incomplete_rows(newdata, imputable=self.settings.get("missing") == "impute")
         if incomplete.any() and na_action == "raise":
@@ -403,10 +422,10 @@ class Fit:
         """
         if kind not in ("class", "prob", "prob_positive", "score"):
             raise InputError(f"kind must be 'class', 'prob', 'prob_positive' or 'score'; got {kind!r}.")
-        _check_new_levels(new_levels)
+        check_new_levels(new_levels)
         newdata, keep = self._rows_to_predict(self.design.raw if newdata is None else newdata, na_action)
         out = self._predict_rows(newdata.iloc[keep], kind, new_levels)
-        return _fill_rows(out, newdata, keep, na_action)
+        return fill_rows(out, newdata, keep, na_action)
 
     def _predict_rows(self, newdata, kind, new_levels):
         """:meth:`predict` for rows the fit can predict (every value the model needs present)."""
@@ -431,9 +450,10 @@ class Fit:
         return pd.Series(prob, index=newdata.index, name=f"P(score > 0) for {name}")
 
     # ------------------------------------------------------------------ summary
-    def summary(self, level=None):
-        """statsmodels-style summary (``as_text()``, ``as_html()``, ``as_latex()``)."""
-        return build_summary(self, self._level(level))
+    def summary_parts(self, level) -> SummaryParts:
+        """The header, coefficient and variance tables, the model's sections
+        (:meth:`summary_tables`) and notes of :meth:`summary`."""
+        return SummaryParts(*linear_summary_parts(self, level))
 
     def prior_description(self):
         """``(label, text)`` of the prior line in the summary header."""
@@ -454,8 +474,104 @@ class Fit:
         """Lines a model adds to ``repr(fit)`` after the coefficients."""
         return [f"{name}: {len(levels)} groups" for name, (levels, _) in self.layout.groups.items()]
 
-    def _repr_html_(self):
-        return self.summary().as_html()
+    # ------------------------------------------------------------------ draws and marginals
+    @property
+    def draw_shape(self) -> tuple:
+        """``(chains, draws)`` of the posterior draws (a mode: ``(1, 1)``)."""
+        return tuple(int(v) for v in self._post.shape)
+
+    @property
+    def sampled(self) -> bool:
+        """True for Gibbs fits (a Markov chain's draws)."""
+        return bool(self._post.sampled)
+
+    @property
+    def point(self) -> bool:
+        """True for a posterior mode (``method="map"``)."""
+        return bool(self._post.point)
+
+    def with_draw_shape(self, chains, draws) -> "Fit":
+        """The fit with ``(chains, draws)`` iid draws from q by default (a new object built from
+        the same posterior arrays, sharing no cache); Gibbs and MAP fits return themselves."""
+        if self.sampled or self.point:
+            return self
+        return dataclasses.replace(self, settings={**self.settings, "chains": int(chains), "draws": int(draws)})
+
+    def draws(self, chains=None, draws=None, seed=None) -> xr.Dataset:
+        """Posterior draws, the ``posterior`` group of :meth:`to_arviz` (see
+        :meth:`vbsvm.results.contract.FitResult.draws`): ``beta`` (dim ``coef``), the variances,
+        ``b_<group>``, and what the model adds (``gamma``, ``x_missing``, ...)."""
+        fit = self
+        if not (self.sampled or self.point) and (chains is not None or draws is not None or seed is not None):
+            ch, dr = self.draw_shape
+            settings = {**self.settings, "chains": int(ch if chains is None else chains),
+                        "draws": int(dr if draws is None else draws)}
+            if seed is not None:
+                settings["draw_seed"] = int(validation.seed(seed))
+            fit = dataclasses.replace(self, settings=settings)
+        return fit._posterior_dataset()
+
+    def marginals(self, ranef=False, points=None, draw_shape=None) -> dict:
+        """``{name: Marginal}`` of ``beta[term]``, the variances ``sigma2*`` and, with ``ranef``,
+        ``b_<group>[level]``: closed form for a Gaussian q (Gaussian coefficients, inverse-gamma
+        variances), else from the draws (iid draws from q redrawn in ``draw_shape`` when that has
+        more; Gibbs draws; a mode as points). ``points`` are not used (the fit has coefficients)."""
+        out = {}
+        law = self._post.closed_form()
+        lay = self.layout
+        if law is not None:
+            mean, var = law["theta_mean"], law["theta_var"]
+            for j, term in enumerate(lay.fixed):
+                out[f"beta[{term}]"] = Marginal.gaussian(mean[j], np.sqrt(var[j]))
+            for k, name in enumerate(lay.variances):
+                a, b = float(np.atleast_1d(law["var_shape"])[k]), float(np.atleast_1d(law["var_scale"])[k])
+                out[name] = Marginal.of_distribution(stats.invgamma(a, scale=b), lower=0.0)
+            if ranef:
+                for g, (levels, ix) in lay.groups.items():
+                    for lv, i in zip(levels, ix):
+                        out[f"b_{g}[{lv}]"] = Marginal.gaussian(mean[i], np.sqrt(var[i]))
+            return out
+        fit = self
+        if draw_shape is not None and int(np.prod(draw_shape)) > int(np.prod(self.draw_shape)):
+            fit = self.with_draw_shape(*draw_shape)
+        post = fit._posterior_dataset()
+        for var in post.data_vars:
+            if not (var == "beta" or var.startswith("sigma2") or (ranef and var.startswith("b_"))):
+                continue
+            da = post[var]
+            extra = [d for d in da.dims if d not in ("chain", "draw")]
+            if len(extra) > 1:
+                continue
+            lower = 0.0 if var.startswith("sigma2") else None
+            flat = da.values.reshape(da.shape[0] * da.shape[1], -1)
+            labels = [f"{var}[{c}]" for c in da[extra[0]].values] if extra else [var]
+            for k, name in enumerate(labels):
+                x = flat[:, k]
+                out[name] = Marginal.point(x[0]) if self.point else Marginal.of_draws(x, lower=lower)
+        return out
+
+    def linear_response_sd(self) -> dict | None:
+        """Linear-response sds (:func:`vbsvm.posterior.linear_response.linear_response`) of a
+        mean-field fit with a Gaussian q and complete data; None for other fits.
+
+        Raises
+        ------
+        vbsvm.exceptions.InputError
+            Above ``vbsvm.posterior.linear_response.MAX_N`` rows (the dense n x n solve), or when
+            :func:`~vbsvm.posterior.linear_response.linear_response` cannot handle the model.
+        """
+        if (self._post.closed_form() is None or self.settings.get("missing") == "impute"
+                or self.settings.get("approximation") == "calibrated"):
+            return None
+        if self.n_obs > lr.MAX_N:
+            raise InputError(
+                f"its dense {self.n_obs} x {self.n_obs} solve is skipped above {lr.MAX_N} rows (in Python, "
+                "vbsvm.linear_response(fit, max_n=...) computes it if memory allows).")
+        return lr.linear_response(self).sd
+
+    def training_rows(self) -> pd.DataFrame | None:
+        """The training data (the columns the formula uses, rows as fitted)."""
+        return self.design.raw
 
     # ------------------------------------------------------------------ ArviZ
     def _draws(self):
@@ -494,14 +610,25 @@ class Fit:
     def to_arviz(self, log_likelihood=True):
         """The fit as an :class:`xarray.DataTree` in ArviZ 1.x layout.
 
-        Groups: ``posterior`` (``beta`` with dim ``coef``, ``sigma2_u``, ``b_<group>``,
-        ``sigma2_<group>``; VB fits hold iid draws from q with the same (chain, draw) shape as
-        the Gibbs default and q's parameters in the group's attrs), ``sample_stats`` (Gibbs:
-        ``log_pseudo_likelihood`` per draw; VB: the ``elbo`` trace), ``log_likelihood`` (``y``:
-        the pointwise log likelihood of each draw, see :func:`pointwise_log_likelihood`; with
-        ``log_likelihood=True``, so that ``arviz.loo`` and ``arviz.compare`` work; :meth:`save`
-        leaves it out), ``observed_data`` (``y`` in {-1, +1}) and ``constant_data`` (the raw
-        columns the formula uses).
+        Groups:
+
+        * ``posterior``: ``beta`` (dim ``coef``), ``sigma2_u``, ``b_<group>``, ``sigma2_<group>``
+          (:meth:`draws`); VB fits hold iid draws from q with the same (chain, draw) shape as the
+          Gibbs default and q's parameters in the group's attrs;
+        * ``sample_stats``: Gibbs: ``log_pseudo_likelihood`` per draw; VB: the ``elbo`` trace;
+        * ``log_likelihood`` (with ``log_likelihood=True``; :meth:`save` leaves it out): ``y``
+          (chain, draw, obs), per draw and training row the log of the hinge pseudo-likelihood
+          normalised over the two labels (Sollich 2002), ``exp(-2 (1 - y f)_+) / (exp(-2 (1 - f)_+)
+          + exp(-2 (1 + f)_+))`` (:func:`pointwise_log_likelihood`). ``arviz.loo`` on the tree is
+          PSIS-LOO of that normalised model: it takes its weights from this term rather than from
+          the pseudo-likelihood the posterior used, and scores the hinge's over-confident class
+          probabilities (toenail random intercepts, Gibbs: elpd -605 against -504 from
+          :meth:`loo` and -501 by 10-fold cross-validation, ``benchmarks/results/loo.md``). For
+          model comparison use :meth:`loo` (weights ``1 / exp(-2 (1 - y f)_+)``, predictive the
+          calibrated probit of ``predict(kind="prob")``): ``arviz.compare({"a": fit_a.loo(),
+          "b": fit_b.loo()})``;
+        * ``observed_data`` (``y`` in {-1, +1}) and ``constant_data`` (the raw columns the
+          formula uses); ``vbsvm``: the posterior arrays (what :func:`vbsvm.load` rebuilds from).
         """
         post = self._posterior_dataset()
         post.attrs.update({"method": self.method, "scale": "original predictor scale",
@@ -512,13 +639,11 @@ class Fit:
         if stats_group is not None:
             tree["sample_stats"] = stats_group
         if log_likelihood and not self._post.point:
-            theta = self._draws()[0]
-            dense, sc = self._new_rows(self.design.raw, new_levels="zero")
-            nd = self.layout.n_dense
-            F = np.stack([add_sparse_score(t[:, :nd] @ dense.T, t[:, nd:], sc) for t in theta])
             tree["log_likelihood"] = xr.Dataset(
-                {"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
-                attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}"})
+                {"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, self._train_scores()))},
+                attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}",
+                       "loo": "fit.loo(): weights from the pseudo-likelihood exp(-2 (1 - y f)_+), predictive "
+                              "Phi(y (a f + b)) with (a, b) the fit's prob_calibration"})
         tree["observed_data"] = xr.Dataset({"y": (("obs",), self.design.y)})
         tree["constant_data"] = _frame_to_dataset(self.design.raw)
         tree["vbsvm"] = xr.Dataset({k: (tuple(f"{k}_dim{i}" for i in range(np.ndim(v))), np.asarray(v))
@@ -529,6 +654,28 @@ class Fit:
                          "layout": json.dumps(self.layout.to_dict()), "method": self.method,
                          "info": json.dumps(self.info, default=_jsonable)})
         return dt
+
+    def _train_scores(self) -> np.ndarray:
+        """Scores of the training rows under each draw, ``(chains, draws, n)``."""
+        theta = self._draws()[0]
+        dense, sc = self._new_rows(self.design.raw, new_levels="zero")
+        nd = self.layout.n_dense
+        return np.stack([add_sparse_score(t[:, :nd] @ dense.T, t[:, nd:], sc) for t in theta])
+
+    def pointwise_log_terms(self):
+        """``(log_pseudo, log_prob)`` per draw and training row (see
+        :meth:`vbsvm.results.contract.FitResult.loo`): ``-2 (1 - y f)_+`` and
+        ``log Phi(y (a f + b))`` with ``(a, b) = info["prob_calibration"]``."""
+        if self.point:
+            raise InputError("loo() needs a posterior; a method='map' fit has only the mode. Refit with "
+                             "method='vb' or method='gibbs'.")
+        if self.training_rows() is None:
+            raise InputError("loo() needs the training rows, which this fit does not keep (a fit from a Dask "
+                             "DataFrame); refit on a pandas DataFrame.")
+        F = self._train_scores()
+        y = np.asarray(self.design.y, dtype=float)
+        a, b = self.info.get("prob_calibration", (1.0, 0.0))
+        return -2.0 * np.maximum(0.0, 1.0 - y * F), log_ndtr(y * (a * F + b))
 
     def save(self, path):
         """Write the fit to a netCDF file (readable by :func:`vbsvm.load` and ``arviz.from_netcdf``).
@@ -677,27 +824,6 @@ def pointwise_log_likelihood(y, F) -> np.ndarray:
     """
     own = -2.0 * np.maximum(0.0, 1.0 - y * F)
     return own - np.logaddexp(-2.0 * np.maximum(0.0, 1.0 - F), -2.0 * np.maximum(0.0, 1.0 + F))
-
-
-NA_ACTIONS = ("pass", "drop", "raise")
-
-
-def _fill_rows(out, newdata, keep, na_action):
-    """Predictions ``out`` of the rows ``keep`` (positions) of ``newdata``, with NaN rows put back
-    in place for ``na_action="pass"``."""
-    if na_action != "pass" or len(keep) == len(newdata):
-        return out
-    values = out.to_numpy()
-    full = np.full((len(newdata),) + values.shape[1:], np.nan, dtype=object if values.dtype == object else float)
-    full[keep] = values
-    if isinstance(out, pd.DataFrame):
-        return pd.DataFrame(full, index=newdata.index, columns=out.columns)
-    return pd.Series(full, index=newdata.index, name=out.name)
-
-
-def _check_new_levels(new_levels):
-    if new_levels not in ("integrate", "zero", "error"):
-        raise InputError(f"new_levels must be 'integrate', 'zero' or 'error'; got {new_levels!r}.")
 
 
 def _version():

@@ -37,7 +37,7 @@ from scipy import sparse
 from vbsvm.models.missing import imputation_spec
 from vbsvm.posterior.imputation import imputation_posterior_of
 from vbsvm.posterior.representations import add_sparse_score
-from vbsvm.results.fit import Fit, interval_names, pointwise_log_likelihood
+from vbsvm.results.fit import Fit, interval_names
 
 __all__ = ["ImputedFit"]
 
@@ -247,9 +247,9 @@ class ImputedFit(Fit):
         ``imp_col_bis``) in the posterior group. The root attribute ``vbsvm_fit_type`` is
         ``"imputed"``.
         """
-        dt = super().to_arviz(log_likelihood=False)
-        if log_likelihood:
-            dt["log_likelihood"] = self._log_likelihood_dataset()
+        dt = super().to_arviz(log_likelihood=log_likelihood)
+        if "log_likelihood" in dt.children:
+            dt["log_likelihood"].attrs["imputations"] = "incomplete rows completed with each draw's imputations"
         dt.attrs["vbsvm_fit_type"] = FIT_TYPE
         post = dt["posterior"]
         attrs = dict(post.attrs)
@@ -262,10 +262,10 @@ class ImputedFit(Fit):
         post.attrs = attrs
         return dt
 
-    def _log_likelihood_dataset(self) -> xr.Dataset:
-        """Pointwise log likelihood (normalised over y, see
-        :func:`vbsvm.results.fit.pointwise_log_likelihood`) of each draw, the incomplete training rows
-        completed with the same draw's imputations (Gibbs draws, or iid draws from q)."""
+    def _train_scores(self) -> np.ndarray:
+        """Scores of the training rows under each draw, ``(chains, draws, n)``, the incomplete rows
+        completed with the same draw's imputations (Gibbs draws, or iid draws from q): what the
+        ``log_likelihood`` group of :meth:`to_arviz` and :meth:`loo` use."""
 
         theta = self._draws()[0]
         x = self._imputation_draws()[0]
@@ -279,9 +279,7 @@ class ImputedFit(Fit):
             to_rows = sparse.csr_matrix((np.ones(E), (comp.e_row, np.arange(E))), shape=(dense.shape[0], E))
             contrib = theta[..., comp.e_col] * comp.e_slope * x[..., comp.e_cell]
             F += (to_rows @ contrib.reshape(-1, E).T).T.reshape(F.shape)
-        return xr.Dataset({"y": (("chain", "draw", "obs"), pointwise_log_likelihood(self.design.y, F))},
-                          attrs={"normalisation": "exp(-2 (1 - y f)_+) / sum over y' in {-1, +1}",
-                                 "imputations": "incomplete rows completed with each draw's imputations"})
+        return F
 
     def _compute_diagnostics(self) -> pd.DataFrame:
         """R-hat, bulk/tail ESS and MCSE of every parameter, including ``x_missing``, ``mu``

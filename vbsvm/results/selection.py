@@ -106,6 +106,11 @@ class SelectionFit(Fit):
         table["median_model"] = table["p_include"] > 0.5
         return table
 
+    def inclusion_probabilities(self) -> dict:
+        """``{beta[term]: p_include}`` of the selectable terms (what :func:`vbsvm.results.compare.compare`
+        puts side by side)."""
+        return {f"beta[{t}]": float(v) for t, v in self.inclusion()["p_include"].items()}
+
     @property
     def selected(self) -> list:
         """Terms of the median probability model (``p_include > 0.5``), by decreasing ``p_include``."""

@@ -16,8 +16,8 @@ from statsmodels.iolib.tableformatting import fmt_2cols, fmt_params
 
 from vbsvm.inference.gibbs import ESS_TARGET, RHAT_TARGET, shortfall
 
-__all__ = ["build_summary", "describe", "frame_table", "penalty_description", "format_number", "wrap_notes",
-           "separation_note", "WIDTH"]
+__all__ = ["build_summary", "linear_summary_parts", "linear_header", "describe", "frame_table", "penalty_description",
+           "format_number", "wrap_notes", "separation_note", "WIDTH"]
 
 #: widest line of a text summary (statsmodels keeps 78; the tables with R-hat and ESS need more)
 WIDTH = 100
@@ -63,7 +63,8 @@ def is_calibrated(fit) -> bool:
     return fit.method == "vb" and str(fit.info.get("approximation", "")).startswith("calibrated")
 
 
-def _header(fit) -> dict:
+def linear_header(fit) -> dict:
+    """The summary header of a linear fit: model, method, data, prior and the run's convergence."""
     d = fit.design
     s = fit.settings
     head = {
@@ -104,7 +105,7 @@ def _header(fit) -> dict:
             head["Extended:"] = _extension(fit)
         # the parameters the run length and the convergence warning judge (fixed effects and
         # variances), not the random-effect levels, whose own R-hat/ESS are in their table
-        diag = fit.summary_diagnostics() if hasattr(fit, "summary_diagnostics") else None
+        diag = fit.summary_diagnostics()
         if diag is None or diag.empty:
             diag = fit.diagnostics()
         head["Max R-hat:"] = format_number(float(diag["r_hat"].max()))
@@ -175,25 +176,37 @@ def beside_or_below(table: pd.DataFrame, diag: pd.DataFrame, title, diag_title) 
     return [(title, table), (diag_title, diag)]
 
 
-def build_summary(fit, level: float) -> Summary:
-    """Summary of a linear :class:`~vbsvm.results.fit.Fit` at interval level ``level``.
+def build_summary(parts) -> Summary:
+    """A :class:`statsmodels.iolib.summary.Summary` of any fit from its
+    :class:`~vbsvm.results.contract.SummaryParts`: the header as ``label: value`` pairs in two
+    columns (one when two would be wider than :data:`WIDTH`), the tables, then the notes."""
+    smry = Summary()
+    smry.tables.append(_header_table(parts.header, parts.title))
+    smry.tables.extend(parts.tables)
+    if parts.notes:
+        smry.add_extra_txt(wrap_notes(parts.notes))
+    return smry
+
+
+def linear_summary_parts(fit, level: float):
+    """``(title, header, tables, notes)`` of the summary of a linear
+    :class:`~vbsvm.results.fit.Fit` at interval level ``level``.
 
     Sections: the header, the fixed effects, the variance components (when inferred), then any
     ``(title, DataFrame)`` pairs a model adds in ``fit.info["summary_tables"]`` (or by overriding
     ``fit.summary_tables(level)``), then notes.
     """
-    smry = Summary()
-    smry.tables.append(_header_table(_header(fit), f"{fit.info.get('model', 'Bayesian linear SVM')} results"))
+    tables = []
     coef = fit.coef_table(level)
     if fit.method == "gibbs":
         diag = fit.diagnostics()
         rows = [f"beta[{t}]" for t in coef.index]
         diag = diag.loc[rows, ["r_hat", "ess_bulk", "ess_tail", "mcse_mean"]].set_axis(coef.index)
         diag[["ess_bulk", "ess_tail"]] = diag[["ess_bulk", "ess_tail"]].round().astype(int)
-        smry.tables += [frame_table(df, title)
-                        for title, df in beside_or_below(coef, diag, None, "Sampler diagnostics of the coefficients")]
+        tables += [frame_table(df, title)
+                   for title, df in beside_or_below(coef, diag, None, "Sampler diagnostics of the coefficients")]
     else:
-        smry.tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
+        tables.append(frame_table(_mode_only(coef) if fit.method == "map" else coef))
     undefined, alpha = False, False
     if fit.layout.variances or fit.layout.covariances:
         vc = fit.varcomp(level)
@@ -210,9 +223,9 @@ def build_summary(fit, level: float) -> Summary:
         if undefined:
             vc = vc.astype(object).mask(vc.isin([np.inf]), UNDEFINED)
         alpha = "alpha" in vc.index
-        smry.tables.append(frame_table(vc, "Variance components and penalty"))
+        tables.append(frame_table(vc, "Variance components and penalty"))
     for title, table in fit.summary_tables(level):
-        smry.tables.append(frame_table(table, title))
+        tables.append(frame_table(table, title))
     notes = [
         f"Formula: {fit.design.formula}",
         "Coefficients are on the original predictor scale; the score is f(x) = x'beta (+ random effects z'b).",
@@ -237,8 +250,8 @@ def build_summary(fit, level: float) -> Summary:
         note = fit.info["approximation_note"]
         notes.append(note[:1].upper() + note[1:] + ".")
     notes.extend(fit.info.get("summary_notes", []))
-    smry.add_extra_txt(wrap_notes(notes))
-    return smry
+    title = f"{fit.info.get('model', 'Bayesian linear SVM')} results"
+    return title, linear_header(fit), tables, notes
 
 
 def separation_note(fit) -> str:
