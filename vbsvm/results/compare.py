@@ -50,6 +50,7 @@ from vbsvm.exceptions import DiagnosticWarning, InputError, InputTypeError
 from vbsvm.posterior.linear_response import MAX_N as LR_MAX_N
 from vbsvm.posterior.linear_response import linear_response
 from vbsvm.results.fit import Fit
+from vbsvm.settings import FitSettings
 
 __all__ = ["compare", "Comparison", "accuracy", "kde_on_grid"]
 
@@ -249,8 +250,8 @@ def _with_draw_shape(fit, shape):
     chains, draws = int(shape[0]), int(shape[1])
     if hasattr(fit, "with_draw_shape"):
         return fit.with_draw_shape(chains, draws)
-    if dataclasses.is_dataclass(fit) and isinstance(getattr(fit, "settings", None), dict):
-        return dataclasses.replace(fit, settings={**fit.settings, "chains": chains, "draws": draws})
+    if dataclasses.is_dataclass(fit) and isinstance(getattr(fit, "settings", None), FitSettings):
+        return dataclasses.replace(fit, settings=dataclasses.replace(fit.settings, chains=chains, draws=draws))
     return fit
 
 

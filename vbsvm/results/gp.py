@@ -24,6 +24,7 @@ from vbsvm.models.gp import (
 )
 from vbsvm.results.fit import diagnostics_table
 from vbsvm.results.summary import WIDTH, wrap_notes
+from vbsvm.settings import GPSettings
 from vbsvm.sources.dask_frames import DaskDesign, is_dask_frame, lazy_predictions
 
 
@@ -57,7 +58,7 @@ class GPFit:
         self.design = design
         self.formula = formula
         self.gibbs_draws = gibbs_draws
-        self.settings = settings or {}
+        self.settings = GPSettings.from_mapping(settings or {})  # frozen, checked
 
     # -- basic attributes --------------------------------------------------------------------
     @property
@@ -376,7 +377,7 @@ class GPFit:
         meta = dict(method=self.method, n_obs=self.n_obs, n_features=self.n_features,
                     kernel=self.kernel.to_dict(), jitter=self.blocks.jitter,
                     converged=bool(st.converged), n_iter=int(st.n_iter), seconds=float(st.seconds),
-                    formula=self.formula, settings=self.settings)
+                    formula=self.formula, settings=self.settings.to_dict())
         attrs = {"vbsvm_fit_type": "gpsvm", "vbsvm_gp_meta": json.dumps(meta, default=str)}
         if self.design is not None:
             d = self.design
