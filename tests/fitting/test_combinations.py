@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import vbsvm
-from vbsvm.fitting.svm import _settings
+from vbsvm.fitting.svm import fit_settings
 from vbsvm.formula.design import build_design
 from vbsvm.exceptions import InputError
 from vbsvm.inference.vb import coordinate_ascent
@@ -35,12 +35,10 @@ FORMULA = "y ~ x + z + (1 + x | g)"
 
 def settings_for(formula, **kw):
     """The validated settings :func:`vbsvm.svm` would pass to the fitting functions."""
-    s = _settings(formula, method=kw.pop("method", "meanfield"), penalty="auto", missing=kw.pop("missing", "impute"),
-                  standardize=True, draws=10, tune=0, chains=1, thin=1, seed=1, tol=kw.pop("tol", 1e-10),
-                  max_iter=3000, accelerate=kw.pop("accelerate", False), sigma2_beta=1e8, A_u=0.01, B_u=0.01,
-                  level=0.95, progress=False, n_jobs=1)
-    s.update(re_df=None, re_scale=None, imputation="conditional", **kw)
-    return s
+    s = fit_settings(formula, method=kw.pop("method", "meanfield"), missing=kw.pop("missing", "impute"), draws=10,
+                     tune=0, chains=1, seed=1, tol=kw.pop("tol", 1e-10), max_iter=3000,
+                     accelerate=kw.pop("accelerate", False), progress=False)
+    return s.replace(**kw)  # a new object; keys that are no field (vb_completions) are options
 
 
 def assert_monotone(elbo):
@@ -146,8 +144,7 @@ def test_impute_with_slopes_without_missing_cells_is_the_linear_fit(completions,
         warnings.simplefilter("ignore")
         lin = vbsvm.svm(FORMULA, df, method="meanfield", tol=1e-12, accelerate=False, penalty=penalty)
         design = build_design(FORMULA, df, missing="impute")
-        settings = settings_for(FORMULA, vb_completions=completions, tol=1e-12)
-        settings["penalty"] = penalty
+        settings = settings_for(FORMULA, vb_completions=completions, tol=1e-12, penalty=penalty)
         imp = fit_imputed(design, settings)
     np.testing.assert_allclose(imp.coef["mean"], lin.coef["mean"], rtol=1e-6, atol=1e-8)
     np.testing.assert_allclose(imp.coef["sd"], lin.coef["sd"], rtol=1e-6)

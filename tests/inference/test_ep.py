@@ -481,15 +481,14 @@ def test_separable_data_with_inferred_penalty_stays_finite():
 def test_posterior_dict_drives_the_vb_result_class(tmp_path):
     """What the dispatch will do for method="vb": the dict (minus ``info``) as a Fit's posterior."""
     import vbsvm
-    from vbsvm.fitting.svm import _settings
+    from vbsvm.fitting.svm import fit_settings
     from vbsvm.formula.design import build_design
     from vbsvm.results.fit import Fit, ThetaLayout
 
     df = vbsvm.datasets.simulate_grouped(30, 5, seed=2)
     formula = "y ~ time * treatment + (1 | group)"
-    settings = _settings(formula, method="vb", penalty=None, missing="drop", standardize=True, draws=200,
-                         tune=10, chains=2, thin=1, seed=1, tol=1e-8, max_iter=100, accelerate=True,
-                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1)
+    settings = fit_settings(formula, method="vb", penalty=None, draws=200, tune=10, chains=2, seed=1,
+                            max_iter=100, progress=False)
     design = build_design(formula, df, standardize=True, missing="drop")
     model = LinearSVMModel.from_design(design, settings)
     post = ep.fit_calibrated(model, settings, design.to_original(model.qd))

@@ -153,10 +153,8 @@ def test_chains_jump_after_pooling_and_serial_equals_parallel(monkeypatch):
 ])
 def test_a_laplace_zero_prior_tunes_longer_by_default(prior, missing, tune, expected):
     from vbsvm import LaplaceZero
-    from vbsvm.fitting.svm import _settings
+    from vbsvm.fitting.svm import fit_settings
 
-    settings = _settings("y ~ x", method="gibbs", penalty="auto", missing=missing, standardize=True, draws=10,
-                         tune=tune, chains=1, thin=1, seed=1, tol=1e-8, max_iter=10, accelerate=True,
-                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1,
-                         prior=LaplaceZero() if prior else None)
-    assert settings["tune"] == expected
+    settings = fit_settings("y ~ x", method="gibbs", missing=missing, draws=10, tune=tune, chains=1, seed=1,
+                            progress=False, prior=LaplaceZero() if prior else None)
+    assert settings.tune == expected

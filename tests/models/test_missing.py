@@ -28,6 +28,7 @@ from vbsvm.results.imputed import ImputedFit
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
 from vbsvm.fitting.builders import fit_imputed
+from vbsvm.fitting.svm import fit_settings
 from vbsvm.models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, imputation_columns
 
 
@@ -727,7 +728,8 @@ def test_laplace_zero_with_impute_refusals_through_svm(small):
 def test_bad_hyperparameters_raise(small, key, value, match):
     design = build_design("y ~ x1 + x2 + x3", small, missing="impute")
     with pytest.raises((InputError, vbsvm.exceptions.InputTypeError), match=match):
-        fit_imputed(design, {"method": "vb", key: value})  # checked before anything is fitted
+        # checked before anything is fitted: the types by the settings, the shapes by the model
+        fit_imputed(design, fit_settings("y ~ x1 + x2 + x3", missing="impute").replace(**{key: value}))
 
 
 # --------------------------------------------------------------------------- the conditional (cut) model

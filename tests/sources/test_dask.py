@@ -213,11 +213,9 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
 
 def _block_spec(frame, formula):
     from vbsvm.sources import dask_frames
-    from vbsvm.fitting.svm import _settings
+    from vbsvm.fitting.svm import fit_settings
 
-    settings = _settings(formula, method="meanfield", penalty="auto", missing="drop", standardize=True, draws=1,
-                         tune=1, chains=1, thin=1, seed=None, tol=1e-8, max_iter=10, accelerate=True,
-                         sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, progress=False, n_jobs=1)
+    settings = fit_settings(formula, method="meanfield", draws=1, tune=1, chains=1, max_iter=10, progress=False)
     design = dask_frames.learn_design(formula, dd.from_pandas(frame, npartitions=1))
     return dask_frames.DesignSpec(design, settings)
 

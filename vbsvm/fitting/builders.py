@@ -50,6 +50,7 @@ from vbsvm.models.selection import LaplaceZeroModel, selection_setup
 from vbsvm.results.fit import Fit, ThetaLayout
 from vbsvm.results.imputed import ImputedFit
 from vbsvm.results.selection import ImputedSelectionFit, SelectionFit
+from vbsvm.settings import FitSettings
 
 __all__ = ["fit_design", "fit_linear", "fit_laplace_zero", "fit_imputed", "random_effects_label"]
 
@@ -60,17 +61,22 @@ def fit_design(design, settings, prior=None):
     Parameters
     ----------
     design : vbsvm.formula.design.Design
-    settings : dict
-        The checked settings of :func:`vbsvm.svm`.
+    settings : vbsvm.settings.FitSettings or mapping
+        The settings of :func:`vbsvm.svm` (:func:`~vbsvm.fitting.svm.fit_settings`); a mapping is
+        checked into :class:`~vbsvm.settings.FitSettings` (:meth:`~vbsvm.settings.FitSettings.from_mapping`),
+        as by every builder below.
     prior : vbsvm.LaplaceZero, optional
 
     Returns
     -------
     vbsvm.results.fit.Fit
-        Or the subclass of the model (see the module docstring).
+        Or the subclass of the model (see the module docstring); its ``settings`` are ``settings``,
+        with the prior's description (Laplace-zero) and the shape a Gibbs run kept when it was
+        interrupted.
     """
+    settings = FitSettings.from_mapping(settings)
     with fit_call(settings, prior):  # a numerical failure's advice is worded for this call
-        if settings.get("missing") == "impute":
+        if settings.missing == "impute":
             with numerical_failures("the imputation model"):
                 fit = fit_imputed(design, settings, prior)
         elif prior is not None:
@@ -99,7 +105,8 @@ def _to_original(theta, model, M):
 # --------------------------------------------------------------------------- the linear SVM
 def fit_linear(design, settings) -> Fit:
     """The linear SVM: penalty inferred, fixed or none; random intercepts and slopes."""
-    method = settings["method"]
+    settings = FitSettings.from_mapping(settings)
+    method = settings.method
     model = LinearSVMModel.from_design(design, settings)
     layout = ThetaLayout.from_model(model, design)
     M = design.to_original(model.qd)
@@ -126,7 +133,7 @@ def fit_linear(design, settings) -> Fit:
         monitor=lambda post: Fit(design=design, layout=layout, settings=settings, method=method,
                                  posterior=post).summary_diagnostics())
     with limit_blas(model.blas_work):  # the small products after the fit too
-        posterior, run = dispatch.fit(model, settings, readout)
+        posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
     return Fit(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
 
@@ -145,8 +152,8 @@ def fit_laplace_zero(design, settings, prior):
     vbsvm.exceptions.InputError, vbsvm.exceptions.InputTypeError
         As :func:`~vbsvm.models.selection.selection_setup`.
     """
-
-    method = settings["method"]
+    settings = FitSettings.from_mapping(settings)
+    method = settings.method
     select, rho = selection_setup(design, settings, prior)
     model = LaplaceZeroModel(design.X, design.y, random_effect_terms(design), select,
                              rho if rho != "auto" else prior.rho_grid[0], sigma2_beta=settings["sigma2_beta"],
@@ -156,7 +163,7 @@ def fit_laplace_zero(design, settings, prior):
     base = model.base
     layout = ThetaLayout.from_model(base, design, variances=[c.name for c in model.vcomps])
     M = design.to_original(base.qd)
-    settings = dict(settings, prior=prior.to_dict())
+    settings = settings.replace(prior=prior.to_dict())
     info = {"model": "Bayesian linear SVM with Laplace-zero selection"
                      + random_effects_label(design).replace(" with", " and", 1),
             "n_selectable": int(select.sum()),
@@ -188,7 +195,7 @@ def fit_laplace_zero(design, settings, prior):
         vb_engine=vb_engine,
         monitor=lambda post: SelectionFit(design=design, layout=layout, settings=settings, method=method,
                                           posterior=post, info=dict(info)).summary_diagnostics())
-    posterior, run = dispatch.fit(model, settings, readout)
+    posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
     return SelectionFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
                         info=info)
@@ -286,12 +293,13 @@ def fit_imputed(design, settings, prior=None):
     ----------
     design : vbsvm.formula.design.Design
         Built with ``missing="impute"`` (NaN in the missing entries of ``design.X``).
-    settings : dict
-        Validated settings of :func:`vbsvm.svm`. Optional keys ``sigma2_mu``, ``Psi`` (number
-        or d x d matrix on the standardized scale) and ``nu`` override the paper defaults
-        1e8, 0.01 and 3; ``vb_completions`` the number of completions VB pools (default
+    settings : vbsvm.settings.FitSettings or mapping
+        The settings of :func:`vbsvm.svm` (a mapping is checked into
+        :class:`~vbsvm.settings.FitSettings`): ``sigma2_mu``, ``Psi`` (number or d x d matrix on
+        the standardized scale) and ``nu`` (paper defaults 1e8, 0.01 and 3); the options
+        ``vb_completions``, the number of completions VB pools (default
         :data:`vbsvm.inference.pooled.VB_COMPLETIONS`; 0: one q with expectations over the
-        imputations); ``cut_svm_sweeps`` the SVM sweeps per draw of the imputations in the
+        imputations), and ``cut_svm_sweeps``, the SVM sweeps per draw of the imputations in the
         conditional model's Gibbs sampler (default :data:`~vbsvm.models.missing.CUT_SVM_SWEEPS`).
     prior : vbsvm.LaplaceZero, optional
         Laplace-zero selection of the fixed effects (conditional imputation only): the SVM block
@@ -304,13 +312,12 @@ def fit_imputed(design, settings, prior=None):
     vbsvm.results.imputed.ImputedFit
         (:class:`vbsvm.results.selection.ImputedSelectionFit` with ``prior``).
     """
-    method = settings["method"]
+    settings = FitSettings.from_mapping(settings)
+    method = settings.method
     if method not in ("vb", "gibbs"):
         raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
                          "method='gibbs' (or missing='drop' for the posterior mode).")
-    imputation = settings.get("imputation", "conditional")
-    if imputation not in ("conditional", "joint"):
-        raise InputError(f"imputation must be 'conditional' or 'joint'; got {imputation!r}.")
+    imputation = settings.imputation  # checked by the settings' table
     cut = imputation == "conditional"
     if prior is not None and not cut:
         raise InputError("prior=LaplaceZero(...) with missing='impute' needs imputation='conditional' (the "
@@ -326,7 +333,7 @@ def fit_imputed(design, settings, prior=None):
         select, rho = selection_setup(design, settings, prior)
         fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
         fixed_precision[select] = np.nan
-        settings = dict(settings, prior=prior.to_dict())
+        settings = settings.replace(prior=prior.to_dict())
     groups = random_effect_terms(design)
     if not cut and (spec.columns < 0).any():
         inter = [v for v in spec.variables if v is not None]
@@ -436,7 +443,7 @@ def fit_imputed(design, settings, prior=None):
         vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
         monitor=lambda post: fit_class(design=design, layout=layout, method=method, posterior=post,
                                        settings=settings, info=dict(info)).summary_diagnostics())
-    posterior, run = dispatch.fit(model, settings, readout)
+    posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
     if method == "vb" and cut:
         info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),

@@ -149,7 +149,7 @@ class DaskLinearModel:
         The persisted :class:`_Block` (Dask delayed objects or futures).
     design : Design
         From :func:`learn_design`.
-    settings : dict
+    settings : vbsvm.settings.FitSettings
         The checked settings of :func:`vbsvm.svm` (the priors).
     """
 
@@ -264,7 +264,7 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     ----------
     formula : str
     data : dask.dataframe.DataFrame
-    settings : dict
+    settings : vbsvm.settings.FitSettings
         The checked settings of :func:`vbsvm.svm`.
     prior : None
         LaplaceZero is refused.

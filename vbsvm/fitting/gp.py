@@ -21,7 +21,6 @@ import numpy as np
 import pandas as pd
 from scipy.linalg import cho_factor, cho_solve
 
-from vbsvm import validation
 from vbsvm.exceptions import InputError
 from vbsvm.formula.design import build_design
 from vbsvm.inference.dispatch import record_run_length
@@ -41,6 +40,7 @@ from vbsvm.models.gp import (
 )
 from vbsvm.results.fit import diagnostics_table, warn_unconverged
 from vbsvm.results.gp import GPFit
+from vbsvm.settings import ARGUMENT_RULES, GP_CONSTRAINTS, GPSettings, validate
 from vbsvm.sources.dask_frames import DaskBatches, is_dask_frame, learn_design
 
 __all__ = ["gpsvm", "fit_gp", "fit_batch", "gibbs_sparse", "GPFit"]
@@ -138,14 +138,12 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     """
     if method not in _METHODS:
         raise InputError(f"method={method!r} is not known; use one of {_METHODS}")
-    draws = validation.integer(draws, "draws")
-    chains = validation.integer(chains, "chains")
-    thin = validation.integer(thin, "thin")
-    n_jobs = validation.integer(n_jobs, "n_jobs")
-    if max_draws is not None and validation.integer(max_draws, "max_draws") < draws:
-        raise InputError(f"max_draws must be at least draws = {draws} (max_draws=draws switches the extension "
-                         f"of Gibbs runs off); got {max_draws}.")
-    tune = validation.integer(tune, "tune", minimum=0)
+    checked = validate(dict(batch_size=batch_size, optimize=optimize, seed=seed, tune=tune, chains=chains,
+                            thin=thin, n_jobs=n_jobs, draws=draws, max_draws=max_draws), GP_CONSTRAINTS)
+    batch_size, optimize, seed, tune = checked["batch_size"], checked["optimize"], checked["seed"], checked["tune"]
+    chains, thin, n_jobs = checked["chains"], checked["thin"], checked["n_jobs"]
+    draws, max_draws = checked["draws"], checked["max_draws"]
+    validate(checked, ARGUMENT_RULES)
     rng = np.random.default_rng(seed)
     dask_source = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.sources.dask_frames.DaskBatches
     streaming = callable(X) or dask_source
@@ -178,13 +176,11 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                 raise InputError("X has NaN or infinite values; drop or impute those rows")
         n, d = X.shape
         Xk, yk = X, y
-    if batch_size is not None:
-        batch_size = validation.integer(batch_size, "batch_size")
     if method == "vb" and n_inducing is None:
         inducing_eff = "data"
     else:
         inducing_eff = inducing
-    m = validation.integer(64 if n_inducing is None else n_inducing, "n_inducing")
+    m = validate({"n_inducing": 64 if n_inducing is None else n_inducing}, GP_CONSTRAINTS)["n_inducing"]
     full = isinstance(inducing_eff, str) and inducing_eff == "data"
     limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
     m_eff = min(n if full else m, n)
@@ -257,7 +253,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             gibbs = v
             warn_unconverged(diagnostics_table(inducing_values(v, blocks)), draws, run, stacklevel=4)
     return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
-                 formula=_formula, gibbs_draws=gibbs, settings=dict(
+                 formula=_formula, gibbs_draws=gibbs, settings=GPSettings(
                      kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
                      batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
                      tune=tune, chains=chains, thin=thin, n_jobs=n_jobs, streaming=streaming,

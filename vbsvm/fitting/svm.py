@@ -8,8 +8,7 @@ import warnings
 import numpy as np
 import pandas as pd
 
-from vbsvm import validation
-from vbsvm.exceptions import DiagnosticWarning, InputError
+from vbsvm.exceptions import DiagnosticWarning
 from vbsvm.fitting.builders import check_re_prior, fit_design
 from vbsvm.fitting.dask import svm_dask
 from vbsvm.formula.design import build_design, numbers_as_text
@@ -24,11 +23,11 @@ from vbsvm.results.fit import Fit, fit_probit_calibration
 from vbsvm.results.gp import GPFit
 from vbsvm.results.imputed import ImputedFit
 from vbsvm.results.selection import SelectionFit
+from vbsvm.settings import ARGUMENT_RULES, FitSettings, validate
 from vbsvm.sources.dask_frames import is_dask_frame
 
-__all__ = ["svm", "load"]
+__all__ = ["svm", "load", "fit_settings"]
 
-METHODS = ("vb", "meanfield", "gibbs", "map")
 
 def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop", standardize=True,
         draws=1000, tune=None, chains=4, thin=1, seed=None, progress=True, n_jobs=1, max_draws=None,
@@ -158,18 +157,12 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     -------
     vbsvm.results.fit.Fit
     """
-    settings = _settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
-                         draws=draws, max_draws=max_draws, tune=tune, chains=chains, thin=thin, seed=seed, tol=tol,
-                         max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
-                         B_u=B_u, level=level, progress=progress, n_jobs=n_jobs, prior=prior)
-    if imputation not in ("conditional", "joint"):
-        raise InputError(f"imputation must be 'conditional' (default: predictors given the observed ones and the "
-                         f"label, cut from the SVM) or 'joint' (the paper's model); got {imputation!r}.")
-    settings.update(sigma2_mu=sigma2_mu, nu=nu, imputation=imputation,
-                    Psi=Psi if np.ndim(Psi) == 0 else np.asarray(Psi, dtype=float).tolist(),
-                    re_df=None if re_df is None else validation.positive_float(re_df, "re_df"),
-                    checkpoint=None if checkpoint is None else str(checkpoint),
-                    re_scale=None if re_scale is None else np.asarray(re_scale, dtype=float).tolist())
+    settings = fit_settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
+                            draws=draws, max_draws=max_draws, tune=tune, chains=chains, thin=thin, seed=seed,
+                            tol=tol, max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
+                            B_u=B_u, level=level, progress=progress, n_jobs=n_jobs, prior=prior,
+                            sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, re_df=re_df, re_scale=re_scale,
+                            checkpoint=checkpoint, imputation=imputation)
     if _is_dask_frame(data):
 
         return svm_dask(formula, data, settings, prior=prior, persist=persist)
@@ -373,34 +366,39 @@ def default_tune(prior, missing) -> int:
     return LAPLACE_ZERO_TUNE if prior is not None and missing != "impute" else TUNE
 
 
-def _settings(formula, *, method, penalty, missing, standardize, draws, tune, chains, thin, seed, tol,
-              max_iter, accelerate, sigma2_beta, A_u, B_u, level, progress, n_jobs, max_draws=None, prior=None):
-    """Validate the keyword arguments of :func:`svm` (errors name the argument and the fix)."""
-    if method not in METHODS:
-        raise InputError(f"method must be one of {METHODS}; got {method!r}.")
-    approximation = {"vb": "calibrated", "meanfield": "meanfield"}.get(method)
-    method = "vb" if approximation else method
-    level = validation.level(level)
-    draws = validation.integer(draws, "draws")
-    if max_draws is not None and validation.integer(max_draws, "max_draws") < draws:
-        raise InputError(f"max_draws must be at least draws = {draws} (max_draws=draws switches the extension "
-                         f"of Gibbs runs off); got {max_draws}.")
-    return {
-        "formula": formula, "method": method, "approximation": approximation,
-        "penalty": validation.penalty(penalty), "missing": missing,
-        "standardize": bool(standardize), "draws": draws,
-        "max_draws": None if max_draws is None else int(max_draws),
-        "tune": default_tune(prior, missing) if tune is None else validation.integer(tune, "tune", minimum=0),
-        "chains": validation.integer(chains, "chains"),
-        "thin": validation.integer(thin, "thin"), "seed": validation.seed(seed),
-        # seed of the iid draws a VB fit stores in to_arviz(): fixed at fit time, so that the
-        # draws (and a saved file) are reproducible even when seed=None
-        "draw_seed": validation.seed(seed) if seed is not None else int(np.random.SeedSequence().generate_state(1)[0]),
-        "tol": validation.positive_float(tol, "tol"), "max_iter": validation.integer(max_iter, "max_iter"),
-        "sigma2_beta": validation.positive_float(sigma2_beta, "sigma2_beta"), "A_u": validation.positive_float(A_u, "A_u"),
-        "B_u": validation.positive_float(B_u, "B_u"), "level": level, "accelerate": bool(accelerate),
-        "progress": bool(progress), "n_jobs": validation.integer(n_jobs, "n_jobs"),
-    }
+def fit_settings(formula, *, method="vb", penalty="auto", missing="drop", standardize=True, draws=1000, tune=None,
+                 chains=4, thin=1, seed=None, progress=True, n_jobs=1, max_draws=None, tol=1e-8, max_iter=1000,
+                 accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01, level=0.95, sigma2_mu=1e8, Psi=0.01,
+                 nu=3.0, re_df=None, re_scale=None, checkpoint=None, imputation="conditional",
+                 prior=None) -> FitSettings:
+    """The settings of a fit from the keyword arguments of :func:`svm` (same names, same defaults),
+    checked by :data:`vbsvm.settings.FIT_CONSTRAINTS` and :data:`~vbsvm.settings.ARGUMENT_RULES`
+    (errors name the argument and the fix).
+
+    Resolved here: ``method="meanfield"`` is ``method="vb"`` with ``approximation="meanfield"``
+    (``"vb"``: ``"calibrated"``); ``tune=None`` is :func:`default_tune`; ``draw_seed``, the seed
+    of the iid draws a VB fit stores, is ``seed``, or drawn once when ``seed=None`` (so that the
+    draws, and a saved file, are reproducible). ``prior`` only sets the default ``tune``: the
+    builder of the Laplace-zero model records its description.
+
+    Returns
+    -------
+    vbsvm.settings.FitSettings
+    """
+    approximation = {"vb": "calibrated", "meanfield": "meanfield"}.get(method) if isinstance(method, str) else None
+    if seed is None:
+        draw_seed = int(np.random.SeedSequence().generate_state(1)[0])
+    else:
+        draw_seed = seed
+    settings = FitSettings(
+        formula=formula, method="vb" if approximation else method, approximation=approximation, penalty=penalty,
+        missing=missing, standardize=standardize, draws=draws, max_draws=max_draws,
+        tune=default_tune(prior, missing) if tune is None else tune, chains=chains, thin=thin, seed=seed,
+        draw_seed=draw_seed, tol=tol, max_iter=max_iter, sigma2_beta=sigma2_beta, A_u=A_u, B_u=B_u, level=level,
+        accelerate=accelerate, progress=progress, n_jobs=n_jobs, sigma2_mu=sigma2_mu, nu=nu, imputation=imputation,
+        Psi=Psi, re_df=re_df, checkpoint=checkpoint, re_scale=re_scale)
+    validate({"draws": settings.draws, "max_draws": settings.max_draws}, ARGUMENT_RULES)
+    return settings
 
 
 def load(path):

@@ -1,8 +1,9 @@
 """One dispatch from ``method`` to an inference engine, for every linear model.
 
 :func:`fit` runs the engine that ``settings["method"]`` names on a model and returns the arrays a
-fit stores, read out of the engine's result by the model's :class:`Readout`, and what the run
-reports (``info``):
+fit stores, read out of the engine's result by the model's :class:`Readout`, what the run
+reports (``info``) and the settings of the fit (the settings it was given, which it never
+changes, or a new object with the shape an interrupted Gibbs run kept):
 
 * ``"vb"`` with ``approximation="calibrated"`` (the default of :func:`vbsvm.svm`): the readout's
   ``calibrated`` (expectation propagation integrated over the variances,
@@ -92,9 +93,8 @@ def fit(model, settings, readout: Readout):
     model
         A model with the hooks of the engine (``vb_initial_state``/``vb_sweep``,
         ``gibbs_initial_state``/``gibbs_sweep``, ``map_step``/``log_posterior``/``polish_mode``).
-    settings : dict
-        The checked settings of :func:`vbsvm.svm`; a Gibbs run that was interrupted updates its
-        ``chains`` and ``draws`` to what was kept.
+    settings : vbsvm.settings.FitSettings
+        The checked settings of :func:`vbsvm.svm` (never changed).
     readout : Readout
 
     Returns
@@ -104,6 +104,9 @@ def fit(model, settings, readout: Readout):
     info : dict
         ``approximation`` (VB), ``converged``, ``n_sweeps``/``n_iter``, ``seconds``, the run
         length of Gibbs (:func:`record_run_length`), ``interrupted``.
+    settings : vbsvm.settings.FitSettings
+        The settings of the fit: ``settings``, or for a Gibbs run that was interrupted a new
+        object with the ``chains`` and ``draws`` that were kept.
     """
     method, info = settings["method"], {}
     if method == "vb":
@@ -112,13 +115,13 @@ def fit(model, settings, readout: Readout):
                 with numerical_failures("expectation propagation"):
                     posterior = readout.calibrated(model)
                 info.update(posterior.pop("info"), approximation=APPROXIMATIONS["calibrated"], converged=True)
-                return posterior, info
+                return posterior, info, settings
             info["approximation_note"] = (f"the calibrated approximation does not cover {readout.not_calibrated} "
                                           "yet: this is the mean-field fit; check it against method='gibbs'")
         info["approximation"] = APPROXIMATIONS["meanfield"]
         res = (readout.vb_engine or meanfield)(model, settings)
         info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, **res.info)
-        return readout.from_vb(res), info
+        return readout.from_vb(res), info, settings
     if method == "gibbs":
         monitor = None if readout.monitor is None else (lambda draws: readout.monitor(readout.from_draws(draws)))
         res = run_chains(model, draws=settings["draws"], tune=settings["tune"], chains=settings["chains"],
@@ -127,17 +130,17 @@ def fit(model, settings, readout: Readout):
                          max_draws=settings.get("max_draws"), monitor=monitor)
         if res.interrupted:  # the fit holds what was kept; say so where the shape is read
             info["interrupted"] = True
-            settings.update(chains=res.chains, draws=res.n_draws)
+            settings = settings.replace(chains=res.chains, draws=res.n_draws)
         record_run_length(info, res)
         info.update(seconds=res.seconds)
-        return readout.from_draws(res.draws), info
+        return readout.from_draws(res.draws), info, settings
     if method == "map":
         if readout.from_mode is None:
             raise InputError("method='map' is not available for this model; use method='vb' or method='gibbs'.")
         with numerical_failures("EM for the posterior mode"):
             res = posterior_mode(model, max_iter=max(settings["max_iter"], 2000))
         info.update(converged=res.converged, n_iter=res.n_iter, seconds=res.seconds)
-        return readout.from_mode(res), info
+        return readout.from_mode(res), info, settings
     raise InputError(f"method must be 'vb', 'meanfield', 'gibbs' or 'map'; got {method!r}.")
 
 

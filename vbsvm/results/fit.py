@@ -51,6 +51,7 @@ from vbsvm.results.contract import (
 )
 from vbsvm.results.marginal import Marginal
 from vbsvm.results.summary import describe, linear_summary_parts, penalty_description
+from vbsvm.settings import FitSettings
 
 __all__ = ["Fit", "ThetaLayout"]
 
@@ -150,11 +151,15 @@ class Fit(FitResult):
 
     design: object
     layout: ThetaLayout
-    settings: dict
+    settings: FitSettings
     method: str
     posterior: dict
     info: dict = field(default_factory=dict)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # the settings are one frozen, checked object (a mapping given here is checked into one)
+        self.settings = FitSettings.from_mapping(self.settings)
 
     # ------------------------------------------------------------------ basics
     @property
@@ -650,7 +655,7 @@ class Fit(FitResult):
                                     for k, v in self.posterior.items()})
         dt = xr.DataTree.from_dict(tree)
         dt.attrs.update({"vbsvm_fit_type": "linear", "vbsvm_version": _version(),
-                         "settings": json.dumps(self.settings, default=_jsonable),
+                         "settings": json.dumps(self.settings.to_dict(), default=_jsonable),
                          "layout": json.dumps(self.layout.to_dict()), "method": self.method,
                          "info": json.dumps(self.info, default=_jsonable)})
         return dt
@@ -687,7 +692,7 @@ class Fit(FitResult):
         (:func:`vbsvm.io.fit_file.check_storable`).
         """
 
-        check_settings(self.settings)
+        check_settings(self.settings.to_dict())
         check_storable(self.design.raw)
         write_atomically(self.to_arviz(log_likelihood=False), path)
 
@@ -709,6 +714,7 @@ class Fit(FitResult):
         except (KeyError, ValueError, TypeError, AttributeError) as exc:
             raise FitFileError(f"the file is not a complete vbsvm linear fit ({exc}).") from None
         check_settings(settings)  # the formula is checked before formulaic sees it
+        settings = FitSettings.from_mapping(settings)  # frozen, through the same checks as svm()
         design = build_design(settings["formula"], raw, standardize=settings["standardize"],
                               missing=settings["missing"])
         check_rebuilt(design, layout, dt["observed_data"]["y"].values)

@@ -38,6 +38,7 @@ from vbsvm.results.contract import FitResult, SummaryParts, check_na_action, che
 from vbsvm.results.fit import diagnostics_table, interval_names
 from vbsvm.results.marginal import Marginal
 from vbsvm.results.summary import WIDTH
+from vbsvm.settings import GPSettings
 from vbsvm.sources.dask_frames import DaskDesign, is_dask_frame, lazy_predictions
 
 __all__ = ["GPFit", "bound_log_pseudo_likelihood"]
@@ -90,7 +91,7 @@ class GPFit(FitResult):
         self.design = design
         self.formula = formula
         self.gibbs_draws = gibbs_draws
-        self.settings = settings or {}
+        self.settings = GPSettings.from_mapping(settings or {})  # frozen, checked
 
     # -- basic attributes --------------------------------------------------------------------
     @property
@@ -531,7 +532,7 @@ class GPFit(FitResult):
         meta = dict(method=self.method, n_obs=self.n_obs, n_features=self.n_features,
                     kernel=self.kernel.to_dict(), jitter=self.blocks.jitter,
                     converged=bool(st.converged), n_iter=int(st.n_iter), seconds=float(st.seconds),
-                    formula=self.formula, settings=self.settings)
+                    formula=self.formula, settings=self.settings.to_dict())
         attrs = {"vbsvm_fit_type": "gpsvm", "vbsvm_gp_meta": json.dumps(meta, default=str)}
         if self.design is not None:
             attrs["design"] = design_to_text(self.design)
