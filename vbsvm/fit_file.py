@@ -396,6 +396,7 @@ class _ReaderProcess:
         self.memory = READER_MEMORY_ALLOWANCE + READER_MEMORY_PER_DECLARED_BYTE * self.budget
         self.limit = read_time_limit(size)
         self.timed_out = False
+        self.waiting = False  # the reader waits for the list of variables to read
         self.peak = None
         self.started = time.monotonic()
         limits = {"budget": self.budget, "read_groups": _ALL_READ_GROUPS, "memory": self.memory,
@@ -417,8 +418,14 @@ class _ReaderProcess:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, kind, *exc):
         global LAST_READ
+        refused = kind is not None and issubclass(kind, FitFileError)
+        if refused and self.waiting and self.proc.poll() is None:  # refused the structure: stop the reader
+            with contextlib.suppress(OSError, FitFileError):
+                self.proc.stdin.write(b"null\n")
+                self.proc.stdin.flush()
+                self._message(1 << 16)
         self.timer.cancel()
         if self.proc.poll() is None:
             self.proc.kill()
@@ -473,6 +480,7 @@ class _ReaderProcess:
         structure = msg.get("structure")
         if not isinstance(structure, dict):
             self._failed(ValueError("no structure"))
+        self.waiting = True
         return structure
 
     def read(self, plan):
@@ -480,6 +488,7 @@ class _ReaderProcess:
         ``{(group, name): array}``."""
         from vbsvm.fit_file_reader import read_exactly
 
+        self.waiting = False
         try:
             self.proc.stdin.write((json.dumps([[g, v] for g, v, _ in plan]) + "\n").encode())
             self.proc.stdin.flush()
@@ -632,11 +641,11 @@ def _check_structure(structure):
                                f"settings ({_short(repr(attrs['settings'].get('method')), 40)}).")
         check_settings(attrs["settings"])
         fit_file_schema.check_layout(attrs["layout"])
-        _check_info(kind, attrs.get("info", {}))
         n = _check_data_groups(groups)
         symbols = fit_file_schema.layout_symbols(attrs["layout"], n)
         fit_file_schema.check_declared(kind, attrs["method"], "vbsvm", groups["vbsvm"]["variables"], symbols,
                                        attrs["layout"], attrs.get("info"))
+        _check_info(kind, attrs.get("info", {}))
     plan = [(group, name, meta) for group in READ_GROUPS[kind]
             for name, meta in sorted(groups[group]["variables"].items())]
     return kind, attrs, plan

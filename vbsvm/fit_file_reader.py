@@ -320,7 +320,8 @@ def _attributes(obj, where):
 
 
 def read_arrays(f, wanted, budget):
-    """Read the variables ``wanted`` (``[[group, name], ...]``) of the open :class:`h5netcdf.File`.
+    """Read the variables ``wanted`` (``[[group, name], ...]``) of the open h5py file ``f``
+    (checked by :func:`inspect`).
 
     Returns ``(index, arrays)``: per variable its dtype and shape, and for text its values;
     ``arrays`` the numeric arrays, in the index's order. Text may take at most ``budget``
@@ -330,8 +331,13 @@ def read_arrays(f, wanted, budget):
 
     index, arrays, chars = [], [], 0
     for gname, vname in wanted:
-        var = f.groups[gname].variables[vname]
-        data = np.asarray(var[...])
+        if not (isinstance(gname, str) and isinstance(vname, str)):
+            raise Refusal("the parent asked for a variable by a name that is not text.")
+        dset = f[gname][vname]
+        data = dset[()]
+        if isinstance(data, (bytes, str)):  # a scalar text dataset
+            data = np.array([data], dtype=object).reshape(())
+        data = np.asarray(data)
         entry = {"group": gname, "name": vname, "shape": list(data.shape)}
         if data.dtype.kind == "O":
             try:
@@ -396,11 +402,11 @@ def collect(h5file, read_groups, budget=float("inf")):
     import numpy as np
 
     datasets = inspect(h5file, budget)
-    with h5netcdf.File(h5file, "r") as f:
+    with h5netcdf.File(h5file, "r", phony_dims="access") as f:
         structure = describe(f, read_groups, datasets)
-        wanted = [[g, v] for g in sorted(read_groups) if g in structure["groups"]
-                  for v in sorted(structure["groups"][g]["variables"])]
-        index, arrays = read_arrays(f, wanted, budget)
+    wanted = [[g, v] for g in sorted(read_groups) if g in structure["groups"]
+              for v in sorted(structure["groups"][g]["variables"])]
+    index, arrays = read_arrays(h5file, wanted, budget)
     values, numeric = {}, iter(arrays)
     for entry in index:
         key = (entry["group"], entry["name"])
@@ -463,14 +469,15 @@ def main(argv):
         handle = io.FileIO(int(source) if source.isdigit() else source, "rb", closefd=not source.isdigit())
         with handle, h5py.File(handle, "r", locking=False) as hf:
             datasets = inspect(hf, limits["budget"])
-            with h5netcdf.File(hf, "r") as f:
+            with h5netcdf.File(hf, "r", phony_dims="access") as f:
                 structure = describe(f, set(limits["read_groups"]), datasets)
                 write_message(out, {"structure": structure})
                 line = commands.readline(1 << 24)
                 wanted = json.loads(line) if line else None
-                if wanted is None:
+                if wanted is None:  # the parent refused the structure
+                    write_message(out, {"peak_rss": _peak_rss(), "seconds": time.monotonic() - start})
                     return 0
-                index, arrays = read_arrays(f, wanted, limits["budget"])
+            index, arrays = read_arrays(hf, wanted, limits["budget"])
         write_message(out, {"index": index})
         for arr in arrays:
             out.write(memoryview(arr.reshape(-1)).cast("B"))

@@ -149,7 +149,8 @@ def check_layout(layout):
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], list)
                 and isinstance(entry[1], list)):
             bad(f"the group {name[:40]!r} must be [levels, indices]")
-        levels, index = entry
+    q = nd + (len(groups[sparse][1]) if sparse is not None else 0)
+    for name, (levels, index) in groups.items():
         if not levels or not all(isinstance(v, (str, int)) or (isinstance(v, float) and math.isfinite(v))
                                  for v in levels):
             bad(f"the levels of group {name[:40]!r} must be a non-empty list of values")
@@ -157,12 +158,10 @@ def check_layout(layout):
             bad(f"the group {name[:40]!r} has {len(index)} indices for {len(levels)} levels")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in index):
             bad(f"the indices of group {name[:40]!r} must be integers")
-        lo, hi = (nd, None) if name == sparse else (p, nd)
-        if index and (min(index) < lo or (hi is not None and max(index) >= hi)):
-            where = f"at least {lo}" if hi is None else f"in [{lo}, {hi})"
-            bad(f"the indices of group {name[:40]!r} must be {where} (it has {min(index)}..{max(index)})")
+        lo, hi = (nd, q) if name == sparse else (p, nd)
+        if index and (min(index) < lo or max(index) >= hi):
+            bad(f"the indices of group {name[:40]!r} must be in [{lo}, {hi}) (it has {min(index)}..{max(index)})")
         used.extend(index)
-    q = nd + (len(groups[sparse][1]) if sparse is not None else 0)
     if sorted(used) != list(range(p, q)):
         bad(f"the groups' indices must cover the coefficients {p}..{q - 1} once each")
 
@@ -238,7 +237,7 @@ def check_declared(kind, method, group, variables, symbols, layout=None, info=No
                            f"{group!r}.")
     foreign = names & FOREIGN.get(kind, set())
     if foreign:
-        raise FitFileError(f"the {kind} fit holds the variable(s) {sorted(foreign)[:5]} of another kind of fit in "
+        raise FitFileError(f"the {kind} fit holds the variable(s) {sorted(foreign)} of another kind of fit in "
                            f"group {group!r}; its type attribute and its contents disagree.")
     symbols = dict(symbols)
     for name in sorted(names):
