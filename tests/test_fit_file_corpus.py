@@ -390,7 +390,10 @@ def run_corpus(directory, n, seed=0, subprocess_loader=False):
     seconds = sorted(r["seconds"] for r in results)
     summary.update(max_reader_peak=max(peaks, default=None), reader_peak_reported=len(peaks),
                    median_seconds=seconds[len(seconds) // 2], max_seconds=seconds[-1],
-                   timed_out=sum(r["timed_out"] for r in results))
+                   timed_out=[r["case"] for r in results if r["timed_out"]], by_kind={})
+    for r in results:
+        counts = summary["by_kind"].setdefault(r["case"].split()[1], {})
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     return results, summary
 
 

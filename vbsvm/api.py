@@ -313,9 +313,12 @@ def _settings(formula, *, method, penalty, missing, standardize, draws, tune, ch
 def load(path):
     """Load a fit saved with ``fit.save(path)``.
 
-    Loading never runs code from the file: it is read as data (see :mod:`vbsvm.fit_file`), the
-    stored formula must pass :func:`vbsvm.formula_safety.check_formula` before formulaic parses
-    it, and no file handle stays open, whatever the outcome.
+    Loading never runs code from the file: it is read as bounded data (only a regular file, parsed
+    in a child process with capped memory and a time limit, nothing read from other files, every
+    array's shape and values checked, the checksum saved with it verified; see
+    :func:`vbsvm.fit_file.read_fit_file`), the stored formula must pass
+    :func:`vbsvm.formula_safety.check_formula` before formulaic parses it, and no file handle
+    stays open, whatever the outcome.
 
     Parameters
     ----------
@@ -330,9 +333,10 @@ def load(path):
     Raises
     ------
     vbsvm.exceptions.FitFileError
-        If the file is missing, not netCDF, truncated or corrupted, not written by vbsvm, or holds
-        anything a fit does not (extra groups, attributes of the wrong type, a formula outside the
-        whitelist, inconsistent arrays); the message names the file and the fault.
+        If the file is missing, not a regular file, not netCDF, truncated or corrupted, not
+        written by vbsvm, edited since it was saved, or holds anything a fit does not (extra
+        groups, attributes of the wrong type, a formula outside the whitelist, inconsistent or
+        non-finite arrays, data in other files); the message names the file and the fault.
     """
     from .fit_file import check_loaded, read_fit_file, refusing
 

@@ -900,8 +900,9 @@ def check_settings(settings):
 
 # ----------------------------------------------------------------- using the fit
 def check_loaded(fit):
-    """Use a freshly loaded fit once (coefficients, a prediction), so that a file whose arrays do
-    not fit together fails in :func:`vbsvm.load` rather than later.
+    """Use a freshly loaded fit once (coefficients, random effects, inclusion and imputation
+    tables where the fit has them, a prediction), so that a file whose arrays do not fit together
+    fails in :func:`vbsvm.load` rather than later.
 
     Call it inside :func:`refusing`: whatever fails here is turned into :class:`FitFileError`.
     """
@@ -909,6 +910,11 @@ def check_loaded(fit):
         warnings.simplefilter("ignore")
         if hasattr(fit, "layout"):  # the linear fits
             fit.coef_table()
+            fit.ranef()
+            for table in ("inclusion", "imputed"):
+                if hasattr(type(fit), table):
+                    value = getattr(fit, table)
+                    value() if callable(value) else value
             fit.predict(fit.design.raw.head(3), kind="score")
         else:
             fit.predict(np.zeros((2, fit.n_features)), kind="score")

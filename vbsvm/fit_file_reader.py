@@ -1,7 +1,7 @@
 """The reading half of :func:`vbsvm.load`: runs in a child process, with bounded memory and time.
 
 :func:`vbsvm.fit_file.read_fit_file` starts this module as a script
-(``python -I -B fit_file_reader.py FD LIMITS``), on the already opened fit file (descriptor
+(``python -I -B -S fit_file_reader.py FD LIMITS PATHS``), on the already opened fit file (descriptor
 ``FD``). It imports only the standard library, numpy, h5py and h5netcdf, never vbsvm, so that a
 file which makes libhdf5 hang, crash or allocate without bound costs the child process, which
 the parent kills after its time limit, never the caller.
