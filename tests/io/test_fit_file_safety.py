@@ -9,11 +9,14 @@
 """
 
 import base64
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +28,7 @@ import pytest
 import xarray as xr
 
 import vbsvm
+import vbsvm.io.fit_file
 from vbsvm.exceptions import FitFileError, FormulaError, InputError, InputTypeError
 from vbsvm.formula.safety import MAX_FORMULA_LENGTH, check_formula
 
@@ -426,3 +430,243 @@ def test_boolean_columns_load_back(formula, tmp_path):
     back = vbsvm.load(tmp_path / "b.nc")
     assert back.design.column_names == fit.design.column_names
     np.testing.assert_array_equal(back.predict(df), fit.predict(df))
+
+
+# ----------------------------------------------------------------------------- bounded reads
+# Files crafted with h5py from the good ones: every read of another file, unbounded read,
+# invalid number and hang is refused with a FitFileError naming what is wrong.
+@pytest.fixture(scope="module")
+def selection_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("selection") / "sel.nc"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        vbsvm.svm("y ~ x + z + s", frame(), prior=vbsvm.LaplaceZero(rho=0.3), seed=1).save(path)
+    return path
+
+
+def edited(good, path, edit):
+    """A copy of ``good`` at ``path`` changed in place by ``edit(h5py.File)``."""
+    shutil.copyfile(good, path)
+    with h5py.File(path, "r+") as f:
+        edit(f)
+    return path
+
+
+def refused(path, *needles):
+    """Load ``path``; assert a FitFileError naming the file and each of ``needles``."""
+    with pytest.raises(FitFileError) as info:
+        vbsvm.load(path)
+    message = str(info.value)
+    assert str(path) in message
+    for needle in needles:
+        assert needle in message, message
+    return message
+
+
+@contextlib.contextmanager
+def watched_fifo(directory):
+    """A FIFO in ``directory``; yields ``(path, opened)``, ``opened()`` true once any process has
+    opened it for reading (a reader makes a non-blocking open for writing succeed)."""
+    path = directory / "watched.fifo"
+    os.mkfifo(path)
+    seen, stop = threading.Event(), threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: nobody reads it
+                time.sleep(0.002)
+                continue
+            seen.set()
+            os.close(fd)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield path, seen.is_set
+    finally:
+        stop.set()
+        thread.join()
+
+
+def replace_dataset(f, name, **create):
+    del f[name]
+    f.create_dataset(name, **create)
+
+
+def test_external_storage_is_refused_and_not_read(good_files, tmp_path):
+    _, paths, _ = good_files
+    with watched_fifo(tmp_path) as (fifo, opened):
+        for target in (fifo, "/etc/passwd"):
+            path = edited(paths["vb"], tmp_path / "external.nc", lambda f, target=target: replace_dataset(
+                f, "vbsvm/theta_mean", shape=(8,), dtype="f8", external=[(str(target), 0, 64)]))
+            refused(path, "vbsvm/theta_mean", "external file")
+        time.sleep(0.05)
+        assert not opened()
+
+
+def test_virtual_datasets_and_links_are_refused_and_not_followed(good_files, tmp_path):
+    _, paths, _ = good_files
+
+    def virtual(target):
+        def edit(f):
+            layout = h5py.VirtualLayout(shape=(8,), dtype="f8")
+            layout[:] = h5py.VirtualSource(str(target), "x", shape=(8,))
+            del f["vbsvm/theta_mean"]
+            f.create_virtual_dataset("vbsvm/theta_mean", layout, fillvalue=0.0)
+        return edit
+
+    def link(kind, target):
+        def edit(f):
+            del f["vbsvm/theta_mean"]
+            f["vbsvm/theta_mean"] = h5py.ExternalLink(str(target), "/x") if kind == "external" else \
+                h5py.SoftLink("/vbsvm/theta_var")
+        return edit
+
+    with watched_fifo(tmp_path) as (fifo, opened):
+        refused(edited(paths["vb"], tmp_path / "virtual.nc", virtual(fifo)), "vbsvm/theta_mean", "virtual")
+        refused(edited(paths["vb"], tmp_path / "elink.nc", link("external", fifo)), "theta_mean", "external link")
+        refused(edited(paths["vb"], tmp_path / "slink.nc", link("soft", None)), "theta_mean", "soft link")
+        whole = edited(paths["vb"], tmp_path / "egroup.nc", lambda f: (
+            f.__delitem__("observed_data"), f.__setitem__("observed_data", h5py.ExternalLink(str(fifo), "/"))))
+        refused(whole, "observed_data", "external link")
+        time.sleep(0.05)
+        assert not opened()
+
+
+@pytest.mark.parametrize("name,shape", [("vbsvm/theta_draws", (4, 50_000, 1000)),
+                                        ("posterior/sigma2_u", (4, 50_000_000)),
+                                        ("constant_data/x", (150_000_000,))])
+def test_huge_declared_shapes_are_refused_before_reading(good_files, tmp_path, name, shape):
+    _, paths, _ = good_files
+    path = edited(paths["vb"], tmp_path / "huge.nc", lambda f: replace_dataset(
+        f, name, shape=shape, dtype="f8", compression="gzip", chunks=(1,) * (len(shape) - 1) + (1000,)))
+    assert path.stat().st_size < 2 << 20  # the data is a fill value: nothing is stored
+    start = time.monotonic()
+    refused(path, name, "declare")
+    stats = vbsvm.io.fit_file.LAST_READ
+    assert stats.reader_peak_rss is not None and stats.reader_peak_rss < 200 << 20
+    assert time.monotonic() - start < stats.time_limit
+
+
+def test_only_regular_files_of_bounded_size_are_opened(tmp_path):
+    refused("/dev/zero", "device")
+    fifo = tmp_path / "fifo.nc"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    refused(fifo, "FIFO")
+    assert time.monotonic() - start < 5
+    sparse = tmp_path / "sparse.nc"
+    with open(sparse, "wb") as f:
+        f.truncate(20 << 30)  # 20 GB, no blocks
+    refused(sparse, "more than a fit file may have")
+    link = tmp_path / "link.nc"
+    link.symlink_to("/dev/zero")
+    refused(link, "device")
+
+
+def test_cli_compare_refuses_a_fifo(good_files, tmp_path, capsys):
+    from vbsvm import cli
+
+    _, paths, _ = good_files
+    fifo = tmp_path / "fifo.nc"
+    os.mkfifo(fifo)
+    assert cli.main(["compare", str(fifo), str(paths["vb"])]) != 0
+    assert "FIFO" in capsys.readouterr().err
+
+
+def _set(name, index, value):
+    def edit(f):
+        data = f[name][()]
+        data[index] = value
+        f[name][...] = data
+    return edit
+
+
+def _json_attr(name, change):
+    def edit(f):
+        value = json.loads(f.attrs[name])
+        change(value)
+        f.attrs[name] = json.dumps(value)
+    return edit
+
+
+INVALID_NUMBERS = {
+    "NaN theta_mean": ("vb", _set("vbsvm/theta_mean", 0, np.nan), ("vbsvm", "'theta_mean'", "non-finite")),
+    "NaN draws": ("gibbs", _set("vbsvm/theta_draws", (0, 3, 1), np.nan), ("'theta_draws'", "non-finite")),
+    "infinite theta_var": ("vb", _set("vbsvm/theta_var", 2, np.inf), ("'theta_var'", "non-finite")),
+    "negative theta_var": ("vb", _set("vbsvm/theta_var", 2, -1.0), ("'theta_var'", "negative")),
+    "zero var_scale": ("vb", _set("vbsvm/var_scale", 0, 0.0), ("'var_scale'", "<= 0")),
+    "negative sigma2 draws": ("gibbs", _set("vbsvm/sigma2_draws", (1, 2, 0), -0.5), ("'sigma2_draws'", "negative")),
+    "scale_factor NaN": ("vb", lambda f: f["vbsvm/theta_mean"].attrs.__setitem__("scale_factor", np.nan),
+                         ("'theta_mean'", "scale_factor")),
+    "add_offset": ("gp", lambda f: f["vbsvm_state/shift"].attrs.__setitem__("add_offset", 1.0),
+                   ("'shift'", "add_offset")),
+    "infinite GP shift": ("gp", _set("vbsvm_state/shift", 1, np.inf), ("'shift'", "non-finite")),
+    "GP precision not positive": ("gp", _set("vbsvm_state/prec", (0, 0), -1.0), ("'prec'", "diagonal")),
+    "group index 100": ("vb", _json_attr("layout", lambda v: v["groups"]["g"][1].__setitem__(0, 100)),
+                        ("'layout'", "indices of group 'g'")),
+    "linear relabelled selection": ("vb", lambda f: f.attrs.__setitem__("vbsvm_fit_type", "selection"),
+                                    ("selection fit", "'sel_index'")),
+    "selection relabelled linear": ("sel", lambda f: f.attrs.__setitem__("vbsvm_fit_type", "linear"),
+                                    ("linear fit", "another kind of fit", "sel_index")),
+    "selectable index out of range": ("sel", _set("vbsvm/sel_index", 0, 40), ("'sel_index'", "outside the 4 fixed")),
+    "inclusion probability 1.5": ("sel", _set("vbsvm/q_gamma", 1, 1.5), ("'q_gamma'", "outside [0, 1]")),
+    "NaN calibration": ("vb", _json_attr("info", lambda v: v.__setitem__("prob_calibration", [float("nan"), 0.0])),
+                        ("'prob_calibration'",)),
+    "NaN in settings": ("vb", _json_attr("settings", lambda v: v.__setitem__("tol", float("nan"))),
+                        ("'settings'", "non-finite")),
+    "response 0": ("vb", _set("observed_data/y", 4, 0.0), ("'y'", "-1 or +1")),
+    "integer column 0.5": ("vb", _set("constant_data/y", 0, 0.5), ("'y'", "not integers")),
+    "shape lie": ("vb", lambda f: replace_dataset(f, "vbsvm/theta_mean", data=np.zeros(5)), ("'theta_mean'", "(5,)")),
+    "dtype lie": ("gibbs", lambda f: replace_dataset(f, "vbsvm/theta_draws", data=np.zeros((2, 30, 3), np.int32)),
+                  ("'theta_draws'", "int32")),
+    "value edited": ("vb", _set("vbsvm/theta_mean", 0, 0.123), ("checksum", "damaged or edited")),
+    "checksum removed": ("vb", lambda f: f.attrs.__delitem__("vbsvm_checksum"), ("'vbsvm_checksum'",)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INVALID_NUMBERS))
+def test_invalid_numbers_and_contents_are_refused(case, good_files, selection_file, tmp_path):
+    _, paths, _ = good_files
+    kind, edit, needles = INVALID_NUMBERS[case]
+    good = selection_file if kind == "sel" else paths[kind]
+    refused(edited(good, tmp_path / "crafted.nc", edit), *needles)
+
+
+def test_a_file_that_hangs_libhdf5_is_refused_within_the_time_limit(good_files, tmp_path, monkeypatch):
+    # 64 zero bytes in the global heap of a Gibbs fit make libhdf5 loop, not interruptibly
+    _, paths, _ = good_files
+    data = bytearray(paths["gibbs"].read_bytes())
+    at = data.find(b"GCOL") + 1034
+    data[at:at + 64] = bytes(64)
+    path = tmp_path / "hangs.nc"
+    path.write_bytes(bytes(data))
+    monkeypatch.setattr(vbsvm.io.fit_file, "READ_SECONDS", 8.0)
+    start = time.monotonic()
+    refused(path, "took longer than 8 s")
+    assert vbsvm.io.fit_file.LAST_READ.timed_out
+    assert time.monotonic() - start < 8.0 + 10
+    with open(path, "r+b"):  # nothing holds it
+        pass
+
+
+def test_read_tree_is_what_xarray_reads(good_files, selection_file):
+    """The groups a fit is rebuilt from are decoded as xarray decodes them: same variables,
+    dims, dtypes, attributes and values (so valid files load as before)."""
+    import io
+
+    _, paths, _ = good_files
+    for path in [*paths.values(), selection_file]:
+        kind, tree = vbsvm.io.fit_file.read_fit_file(path)
+        ref = xr.open_datatree(io.BytesIO(path.read_bytes()), engine="h5netcdf")
+        ref.load()
+        assert dict(tree.attrs) == dict(ref.attrs)
+        for group in vbsvm.io.fit_file.READ_GROUPS[kind]:
+            ours, theirs = tree[group].to_dataset(), ref[group].to_dataset()
+            assert set(ours.variables) == set(theirs.variables) and set(ours.coords) == set(theirs.coords)
+            for name, var in theirs.variables.items():
+                mine = ours[name].variable
+                assert (mine.dims, mine.dtype, mine.attrs) == (var.dims, var.dtype, var.attrs), (group, name)
+                np.testing.assert_array_equal(mine.values, var.values)

@@ -404,9 +404,12 @@ def fit_settings(formula, *, method="vb", penalty="auto", missing="drop", standa
 def load(path):
     """Load a fit saved with ``fit.save(path)``.
 
-    Loading never runs code from the file: it is read as data (see :mod:`vbsvm.io.fit_file`), the
-    stored formula must pass :func:`vbsvm.formula.safety.check_formula` before formulaic parses
-    it, and no file handle stays open, whatever the outcome.
+    Loading never runs code from the file: it is read as bounded data (only a regular file, parsed
+    in a child process with capped memory and a time limit, nothing read from other files, every
+    array's shape and values checked, the checksum saved with it verified; see
+    :func:`vbsvm.io.fit_file.read_fit_file`), the stored formula must pass
+    :func:`vbsvm.formula.safety.check_formula` before formulaic parses it, and no file handle
+    stays open, whatever the outcome.
 
     Parameters
     ----------
@@ -421,9 +424,10 @@ def load(path):
     Raises
     ------
     vbsvm.exceptions.FitFileError
-        If the file is missing, not netCDF, truncated or corrupted, not written by vbsvm, or holds
-        anything a fit does not (extra groups, attributes of the wrong type, a formula outside the
-        whitelist, inconsistent arrays); the message names the file and the fault.
+        If the file is missing, not a regular file, not netCDF, truncated or corrupted, not
+        written by vbsvm, edited since it was saved, or holds anything a fit does not (extra
+        groups, attributes of the wrong type, a formula outside the whitelist, inconsistent or
+        non-finite arrays, data in other files); the message names the file and the fault.
     """
 
     kind, tree = read_fit_file(path)
