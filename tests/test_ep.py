@@ -13,7 +13,7 @@ import pytest
 from scipy import integrate
 from scipy.special import gammaln
 
-from vbsvm.inference import ep
+from vbsvm.inference import ep, ep_sites
 from vbsvm.models.linear import LinearSVMModel, WoodburyPosterior
 
 
@@ -179,7 +179,7 @@ def test_a_stalled_ep_run_stops_extrapolating_and_damps_more(monkeypatch):
     assert res.log_z == pytest.approx(fixed_point.log_z, abs=1e-4)
     sd = np.sqrt(fixed_point.diag_cov)
     assert np.max(np.abs(res.mean - fixed_point.mean) / sd) < 0.02
-    monkeypatch.setattr(ep, "STALL_SWEEPS", 10 ** 9)  # the rule off: the run ends at max_sweeps, 0.06 sd away
+    monkeypatch.setattr(ep_sites, "STALL_SWEEPS", 10 ** 9)  # the rule off: the run ends at max_sweeps, 0.06 sd away
     stalled = ep.expectation_propagation(model, tau, tol=1e-4, max_sweeps=500)
     assert not stalled.converged
     assert np.max(np.abs(stalled.mean - fixed_point.mean) / sd) > 0.05

@@ -88,351 +88,38 @@ import time
 import warnings
 
 import numpy as np
-from scipy.special import gammaln, log_ndtr
+from scipy.special import gammaln
 
 from ..distributions import InverseWishart
 from ..exceptions import ConvergenceWarning
 from ..spd import pack_spd, spd_inverse, unpack_spd
+from .ep_sites import (
+    EPResult,
+    expectation_propagation,
+    tilted_log_normalizer,
+    tilted_moments,
+)
 from .threads import limit_blas
 
-__all__ = ["tilted_moments", "tilted_log_normalizer", "EPResult", "expectation_propagation", "log_prior_eta", "GridPosterior",
-           "integrate_variances", "corrected_marginals", "local_intercept_marginals", "fit_calibrated",
-           "sample_grid", "inverse_gamma_match", "log_site_corrections", "log_site_ratios", "score_covariances",
-           "log_cholesky_prior", "ccd_rule"]
-
-LOG_SQRT_2PI = 0.5 * np.log(2.0 * np.pi)
-
-
-# --------------------------------------------------------------------------- tilted moments
-def tilted_moments(y, m, v):
-    r"""Normalizer and derivatives of the hinge tilted distribution ``N(f; m, v) exp(-2 (1 - y f)_+)``.
-
-    Parameters
-    ----------
-    y : ndarray
-        Labels in {-1, +1}.
-    m, v : ndarray
-        Mean and variance (> 0) of the Gaussian (the cavity) in ``f``.
-
-    Returns
-    -------
-    log_z : ndarray
-        ``log Z = log int N(f; m, v) exp(-2 (1 - y f)_+) df``.
-    g, h : ndarray
-        First and second derivative of ``log Z`` in ``m``. The tilted mean is ``m + v g`` and
-        its variance ``v + v^2 h``; ``h <= 0`` (log-concavity).
-    """
-    a, s, log_t1, log_t2 = _tilted_terms(y, m, v)
-    log_z = np.logaddexp(log_t1, log_t2)
-    pi2 = np.exp(log_t2 - log_z)
-    ratio = np.exp(-0.5 * a * a - LOG_SQRT_2PI - log_z) / s  # phi(a) / (s Z)
-    g = 2.0 * y * pi2
-    h = np.minimum(4.0 * pi2 * (1.0 - pi2) - 2.0 * ratio, 0.0)
-    return log_z, g, h
-
-
-def _tilted_terms(y, m, v):
-    """``a``, ``sqrt(v)`` and the logs of the two parts of the tilted normalizer: the mass beyond
-    the margin (likelihood 1) and inside it (likelihood ``exp(-2(1 - y f))``)."""
-    v = np.asarray(v, dtype=float)
-    s = np.sqrt(v)
-    mu = np.asarray(y, dtype=float) * np.asarray(m, dtype=float)
-    a = (mu - 1.0) / s
-    log_t1 = log_ndtr(a)
-    log_t2 = 2.0 * mu + 2.0 * v - 2.0 + log_ndtr((1.0 - mu - 2.0 * v) / s)
-    return a, s, log_t1, log_t2
-
-
-def tilted_log_normalizer(y, m, v):
-    """``log Z`` of :func:`tilted_moments` alone (half its cost: what the marginal corrections
-    evaluate on every row, grid point and coefficient)."""
-    _, _, log_t1, log_t2 = _tilted_terms(y, m, v)
-    return np.logaddexp(log_t1, log_t2)
-
-
-# --------------------------------------------------------------------------- EP at fixed tau
-class EPResult:
-    """EP fixed point at one set of prior precisions.
-
-    Attributes
-    ----------
-    post : CoefficientPosterior
-        Gaussian q(theta) (mean, covariances, score moments, draws).
-    site_prec, site_shift : ndarray (n,)
-        Site natural parameters ``tau~_i``, ``nu~_i``.
-    log_z : float
-        ``log Z_EP``, the EP approximation of the log marginal pseudo-likelihood.
-    mean, diag_cov : ndarray (q,)
-        Mean and marginal variances of theta.
-    converged : bool
-    n_sweeps : int
-    grad_correction : ndarray (K,)
-        Set by the variance integration: corrected minus EP gradient of ``log p~(eta | y)``.
-    annealed : bool
-        Set by :func:`expectation_propagation`: the damping was annealed (not a fixed point).
-    tilted, prior_cavity
-        With prior sites only: their tilted moments and ``(mean, variance)`` of their cavities.
-    """
-
-    def __init__(self, post, site_prec, site_shift, log_z, converged, n_sweeps):
-        self.post = post
-        self.site_prec = site_prec
-        self.site_shift = site_shift
-        self.log_z = log_z
-        self.converged = converged
-        self.n_sweeps = n_sweeps
-        self.mean = post.mean
-        self.diag_cov = post.diag_cov()
-
-    def release_sites(self):
-        """Drop the site arrays (2 x n floats): a grid point that will neither warm-start another
-        EP run nor be the heaviest point (whose sites the marginal corrections read) keeps only
-        its Gaussian, so the grid holds O(q^2) per point beyond the data, not O(n)."""
-        self.site_prec = self.site_shift = None
-
-    @property
-    def sites(self):
-        """``(site_prec, site_shift)`` for a warm start, or None once released."""
-        return None if self.site_prec is None else (self.site_prec, self.site_shift)
-
-
-#: Damping factor per sweep once ``expectation_propagation`` anneals (see there).
-ANNEAL_FACTOR = 0.97
-
-#: Sweeps without halving the largest site change after which ``expectation_propagation`` stops
-#: extrapolating (see there).
-STALL_SWEEPS = 40
-
-
-class _Sweep:
-    """One parallel EP pass from sites ``x = (prec, shift)``: the Gaussian, its cavities and the
-    undamped new sites. The first ``n`` entries are the hinge sites; with ``prior`` (prior sites
-    on some coordinates, e.g. :class:`vbsvm.inference.ep_selection.SpikeSlabSites`) the rest are
-    the sites of those coordinates' priors, which then replace their entries of ``tau``."""
-
-    def __init__(self, model, tau, prec, shift, prior=None, blocks=()):
-        self.model_n = n = model.n
-        self.prec, self.shift, self.prior, self.tau, self.blocks = prec, shift, prior, tau, blocks
-        prior_shift = None
-        if prior is not None:
-            tau = tau.copy()
-            tau[prior.index] = prec[n:]
-            prior_shift = np.zeros(model.qd)
-            prior_shift[prior.index] = shift[n:]
-        self.post = post = model.coefficient_posterior(prec[:n], tau, blocks=blocks, r=shift[:n],
-                                                       prior_shift=prior_shift)
-        mf, vf = post.linear_predictor()
-        cv, cm = _cavity(mf, vf, prec[:n], shift[:n])
-        log_zi, g, h = tilted_moments(model.y, cm, cv)
-        den = 1.0 + h * cv
-        new_prec, new_shift = -h / den, (g - cm * h) / den
-        # the scalars log_z() and finite() need, so that a pass keeps no n-vector but its sites
-        self.scores_ok = bool(np.all(vf > 0) and np.all(np.isfinite(log_zi)))
-        self.site_sum = _site_terms(log_zi, mf, vf, cm, cv) if self.scores_ok else np.nan
-        self.quad = float(shift[:n] @ mf)
-        del mf, vf, cv, cm, log_zi, g, h, den
-        if prior is not None:
-            self.pm, self.pv = post.mean[prior.index], post.diag_cov()[prior.index]
-            self.pcv, self.pcm = _cavity(self.pm, self.pv, prec[n:], shift[n:])
-            self.tilted = prior.tilted(self.pcm, self.pcv)
-            p_prec, p_shift = prior.site(self.pcm, self.pcv, self.tilted)
-            new_prec, new_shift = np.concatenate([new_prec, p_prec]), np.concatenate([new_shift, p_shift])
-        self.new_prec, self.new_shift = new_prec, new_shift
-        self.change = max(np.max(np.abs(self.new_prec - prec) / (1.0 + np.abs(prec))),
-                          np.max(np.abs(self.new_shift - shift) / (1.0 + np.abs(shift))))
-
-    def damped(self, delta):
-        return ((1.0 - delta) * self.prec + delta * self.new_prec,
-                (1.0 - delta) * self.shift + delta * self.new_shift)
-
-    def finite(self) -> bool:
-        ok = (np.isfinite(self.change) and self.scores_ok and np.all(np.isfinite(self.new_prec))
-              and np.all(np.isfinite(self.new_shift)))
-        if self.prior is not None:
-            ok = ok and np.all(self.pv > 0) and np.all(np.isfinite(self.tilted.log_z))
-        return bool(ok and np.all(self.new_prec >= 0))
-
-    def log_z(self) -> float:
-        r"""``log Z_EP`` from the Gaussian built on the current sites and their cavities: the
-        Gaussian's normalizer relative to the prior's, plus each site's normalizer
-        :math:`\log Z_i + \tfrac12\log(v_{-i}/v_i) - \tfrac12(m_i^2/v_i - m_{-i}^2/v_{-i})`.
-        Coordinates with prior sites have no Gaussian prior: their ``log tau`` is replaced by
-        ``log 2 pi`` (the Gaussian's normalizer keeps its ``(2 pi)^{1/2}`` there). Coordinates
-        under a covariance block (``tau`` 0 there) contribute ``log|Lambda|`` once per level."""
-        post, n = self.post, self.model_n
-        log_tau = np.log(self.tau, where=self.tau > 0, out=np.zeros_like(self.tau))
-        quad, sites = self.quad, self.site_sum
-        if self.prior is not None:
-            log_tau[self.prior.index] = np.log(2.0 * np.pi)
-            quad += float(self.shift[n:] @ self.pm)
-            sites += _site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
-        log_det_prior = float(np.sum(log_tau)) + sum(index.shape[0] * np.linalg.slogdet(Lam)[1]
-                                                     for index, Lam in self.blocks)
-        return float(0.5 * log_det_prior + 0.5 * post.logdet_cov() + 0.5 * quad + sites)
-
-
-def _cavity(m, v, prec, shift):
-    """Variance and mean of the cavities ``N(m, v) / site``."""
-    cav_prec = np.maximum(1.0 / v - prec, 1e-12 / v)
-    cv = 1.0 / cav_prec
-    return cv, cv * (m / v - shift)
-
-
-def _site_terms(log_zi, m, v, cm, cv):
-    return float(np.sum(log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)))
-
-
-def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, damping=0.5, tol=1e-6,
-                            max_sweeps=500, accelerate=True, anneal_after=None):
-    r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
-
-    Parameters
-    ----------
-    model : vbsvm.models.linear.LinearSVMModel
-        Supplies the design (``Cd``, ``Zt``/``codes``) and ``y``.
-    tau : ndarray (q,)
-        Prior precision of every coordinate of theta (0 on the coordinates of ``blocks``).
-    blocks : sequence of (index, Lambda)
-        Block priors: each row of ``index`` (levels x q) is ``N(0, Lambda^{-1})`` (a random-effect
-        term with slopes, :meth:`~vbsvm.models.linear.LinearSVMModel.prior_blocks`).
-    sites : tuple of ndarray, optional
-        Starting ``(site_prec, site_shift)`` (warm start); default ``(1, 2 y)``, the Gaussian
-        working likelihood of the augmentation at ``w = 1`` (and ``prior.start()`` for the prior
-        sites).
-    prior : optional
-        Non-Gaussian priors of some coordinates approximated by sites too (an object with
-        ``index``, ``start()``, ``tilted(m, v)`` and ``site(m, v, tilted)``, e.g.
-        :class:`vbsvm.inference.ep_selection.SpikeSlabSites`); their entries of ``tau`` are
-        ignored.
-    damping : float
-        Step in the natural parameters: ``site <- (1 - damping) site + damping site_new``. It is
-        halved (down to 0.05) whenever the largest site change more than doubles after the fifth
-        sweep.
-    tol : float
-        Convergence: largest change of a site parameter, relative to ``1 + |value|``.
-    max_sweeps : int
-        Maximum number of passes (each costs one factorization).
-    accelerate : bool
-        SQUAREM extrapolation (Varadhan & Roland 2008, S3) of the damped map on the site vector:
-        from ``x0``, ``x1 = F(x0)``, ``x2 = F(x1)``, step ``s = -|r|/|v|`` (``r = x1 - x0``,
-        ``v = x2 - x1 - r``), proposal ``x0 - 2 s r + s^2 v``; kept only if its site precisions are
-        non-negative and its residual is below that of ``x1`` (otherwise ``x2``). When the largest
-        site change has not halved for :data:`STALL_SWEEPS` sweeps, the run is stalled: the
-        extrapolation stops and the damping halves (again after each further
-        :data:`STALL_SWEEPS` sweeps without a halving; a run that anneals has its own rule). An
-        acath completion at a weak penalty stalled so at damping 0.5, the sites alternating
-        around the fixed point: with SQUAREM throughout, 780 sweeps to tol 1e-4; without it at
-        damping 0.5, 145; at damping 0.35 with SQUAREM, 65.
-    anneal_after : int, optional
-        After this many sweeps without convergence, shrink the damping by a factor
-        :data:`ANNEAL_FACTOR` every sweep (no extrapolation) and stop when the damped step is below
-        ``tol``: the sites then settle where an oscillation (which non-log-concave prior sites can
-        have: correlated terms taking turns in the model) has brought them, not at a fixed point;
-        the result's ``annealed`` says so.
-
-    Returns
-    -------
-    EPResult
-    """
-    y = model.y
-    default = (np.ones(y.size), 2.0 * y)
-    if prior is not None:
-        default = tuple(np.concatenate(pair) for pair in zip(default, prior.start()))
-    n = default[0].size
-    x = default if sites is None else (sites[0].copy(), sites[1].copy())
-    tau = np.asarray(tau, dtype=float)
-    delta = float(damping)
-    last = np.inf
-    converged = annealed = False
-    sweeps = 0
-    good = None  # the last pass with finite moments
-    best, best_at = np.inf, 0  # the last halving of the largest site change, and its sweep
-    while sweeps < max_sweeps:
-        cur = _try_sweep(model, tau, x, prior, blocks)
-        sweeps += 1
-        if cur is None:  # a step too far (e.g. extreme variances): back off towards the last good sites
-            if good is None:
-                if x is default:
-                    break
-                x = default
-                continue
-            delta = max(0.05, 0.5 * delta)
-            x = good.damped(delta)
-            continue
-        good = cur
-        if cur.change < tol:
-            converged = True
-            break
-        if anneal_after is not None and sweeps > anneal_after:
-            annealed = True
-            delta *= ANNEAL_FACTOR
-            if cur.change * delta < tol:
-                converged = True
-                break
-            x = cur.damped(delta)
-            continue
-        if cur.change > 2.0 * last and sweeps > 5:  # divergence, not the transient of the first sweeps
-            delta = max(0.05, 0.5 * delta)
-        last = cur.change
-        if cur.change < 0.5 * best:
-            best, best_at = cur.change, sweeps
-        elif anneal_after is None and sweeps - best_at > STALL_SWEEPS:  # stalled: more damping, no extrapolation
-            accelerate, delta, best_at = False, max(0.05, 0.5 * delta), sweeps
-        x1 = cur.damped(delta)
-        if not accelerate or sweeps + 2 > max_sweeps:
-            x = x1
-            continue
-        s1 = _try_sweep(model, tau, x1, prior, blocks)
-        sweeps += 1
-        if s1 is None:
-            delta = max(0.05, 0.5 * delta)
-            x = cur.damped(delta)
-            continue
-        good = s1
-        if s1.change < tol:
-            converged = True
-            break
-        x2 = s1.damped(delta)
-        r = np.concatenate([x1[0] - x[0], x1[1] - x[1]])
-        v = np.concatenate([x2[0] - x1[0], x2[1] - x1[1]]) - r
-        nv = np.linalg.norm(v)
-        x = x2
-        if nv > 0 and np.isfinite(nv):
-            step = min(-np.linalg.norm(r) / nv, -1.0)
-            r0, r1 = r[:n], r[n:]
-            v0, v1 = v[:n], v[n:]
-            base = (x1[0] - r0, x1[1] - r1)  # x0
-            prop = (base[0] - 2 * step * r0 + step * step * v0, base[1] - 2 * step * r1 + step * step * v1)
-            del r, v, r0, r1, v0, v1, base  # 6 n-vectors fewer while the proposal's pass runs
-            if np.all(prop[0] >= 0) and np.all(np.isfinite(prop[0])) and np.all(np.isfinite(prop[1])):
-                sp_ = _try_sweep(model, tau, prop, prior, blocks)
-                sweeps += 1
-                if sp_ is not None and sp_.change < s1.change:
-                    good = sp_
-                    if sp_.change < tol:
-                        converged = True
-                        break
-                    x = sp_.damped(delta)
-                    last = sp_.change
-    if good is None:
-        raise FloatingPointError("EP failed: the Gaussian of the sites has no finite moments at these "
-                                 "prior precisions.")
-    res = EPResult(good.post, good.prec, good.shift, good.log_z(), converged, sweeps)
-    res.annealed = annealed
-    if prior is not None:  # the prior sites' tilted moments and cavities of the pass read
-        res.tilted, res.prior_cavity = good.tilted, (good.pcm, good.pcv)
-    return res
-
-
-def _try_sweep(model, tau, x, prior=None, blocks=()):
-    """:class:`_Sweep` from sites ``x``, or None if its moments or new sites are not finite."""
-    try:
-        with np.errstate(all="ignore"):
-            out = _Sweep(model, tau, *x, prior=prior, blocks=blocks)
-    except (np.linalg.LinAlgError, FloatingPointError, ValueError):
-        return None
-    return out if out.finite() else None
-
+__all__ = [
+    "EPResult",
+    "GridPosterior",
+    "ccd_rule",
+    "corrected_marginals",
+    "expectation_propagation",
+    "fit_calibrated",
+    "integrate_variances",
+    "inverse_gamma_match",
+    "local_intercept_marginals",
+    "log_cholesky_prior",
+    "log_prior_eta",
+    "log_site_corrections",
+    "log_site_ratios",
+    "sample_grid",
+    "score_covariances",
+    "tilted_log_normalizer",
+    "tilted_moments",
+]
 
 # --------------------------------------------------------------------------- variances
 def log_prior_eta(eta, A, B):
@@ -556,7 +243,7 @@ class _Evidence:
 
     def prior(self, eta):
         """Prior sites at ``eta`` (none: every coordinate has its Gaussian prior)."""
-        return None
+        return
 
     def em_start(self, eta, res):
         """The EM update of ``eta`` from the EP Gaussian at ``eta``: ``sigma2_k = (sq_k + 2B)/(m_k + 2A)``
