@@ -93,12 +93,9 @@ from scipy.special import gammaln
 from ..distributions import InverseWishart
 from ..exceptions import ConvergenceWarning
 from ..spd import pack_spd, spd_inverse, unpack_spd
-from .ep_sites import (
-    EPResult,
-    expectation_propagation,
-    tilted_log_normalizer,
-    tilted_moments,
-)
+from .ep_sites import ANNEAL_FACTOR, STALL_SWEEPS, EPResult, expectation_propagation, tilted_log_normalizer, \
+    tilted_moments  # noqa: F401 (re-exported)
+from .ep_variance_grid import PointEvaluator, cell_edges, find_mode, walk_1d
 from .threads import limit_blas
 
 __all__ = [
@@ -243,7 +240,15 @@ class _Evidence:
 
     def prior(self, eta):
         """Prior sites at ``eta`` (none: every coordinate has its Gaussian prior)."""
-        return
+        return None
+
+    def log_prior(self, eta) -> float:
+        """``log p(eta)``: the inverse-gamma priors of the log variances and the IW priors of the
+        covariances' log-Cholesky coordinates (Jacobians included)."""
+        K = len(self.sizes)
+        m = self.model
+        return float(np.sum(log_prior_eta(eta[:K], m.A, m.B))) + sum(
+            log_cholesky_prior(iw, v) for (_, iw), v in zip(self.covariances, self._cov_coordinates(eta)))
 
     def em_start(self, eta, res):
         """The EM update of ``eta`` from the EP Gaussian at ``eta``: ``sigma2_k = (sq_k + 2B)/(m_k + 2A)``
@@ -288,7 +293,10 @@ class _Evidence:
         key = self.key(eta)
         self.cache = {key: self.cache[key]} if key in self.cache else {}
 
-    def run(self, eta, sites=None):
+    def run(self, eta, sites=None, tol=None, max_sweeps=None):
+        """``(log p~(eta | y), gradient, EPResult)`` at ``eta`` (cached), EP started from ``sites``
+        (default: the last run's) at tolerance ``tol`` (default: the options'; the moment
+        tolerance where the options have one)."""
         eta = np.asarray(eta, dtype=float)
         key = self.key(eta)
         if key in self.cache:
@@ -298,10 +306,18 @@ class _Evidence:
         covs = self.covariances_at(eta)
         blocks = self.model.prior_blocks([spd_inverse(S) for S in covs])
         try:
+            criterion = "moment_tol" if self.options.get("moment_tol") is not None else "tol"
+            options = self.options if tol is None else {**self.options, criterion: tol}
+            if max_sweeps is not None:
+                options = {**options, "max_sweeps": min(max_sweeps, options["max_sweeps"])}
             res = expectation_propagation(self.model, tau, blocks=blocks,
                                           sites=sites if sites is not None else self.sites,
-                                          prior=self.prior(eta), **self.options)
+                                          prior=self.prior(eta), **options)
             ok = np.isfinite(res.log_z) and np.all(np.isfinite(res.mean)) and np.all(np.isfinite(res.diag_cov))
+            # with the moment rule: a run that stopped with its moments still moving by more
+            # than UNSETTLED sds per sweep has no usable Gaussian (parallel EP oscillating, as
+            # nearly separable data at variances beyond e^18 make it)
+            ok = ok and not (res.moment_change > UNSETTLED)
         except FloatingPointError:
             ok = False
         if not ok:  # no usable Gaussian at these variances: zero posterior weight
@@ -309,14 +325,13 @@ class _Evidence:
             out = (-np.inf, np.full(self.n_variances, np.nan), None)
             self.cache[key] = out
             return out
-        self.sites = (res.site_prec, res.site_shift)
+        self.sites = res.sites
         self.n_ep += 1
         self.n_sweeps += res.n_sweeps
         self.unconverged += not res.converged
         self.annealed += res.annealed
         m = self.model
-        lp = res.log_z + float(np.sum(log_prior_eta(eta[:K], m.A, m.B)))
-        lp += sum(log_cholesky_prior(iw, v) for (_, iw), v in zip(self.covariances, self._cov_coordinates(eta)))
+        lp = res.log_z + self.log_prior(eta)
         grad = self.gradient(eta, res)
         res.grad_correction = np.zeros_like(grad)
         if self.local is not None:
@@ -346,6 +361,9 @@ class GridPosterior:
     split_scales : ndarray (K, 2), optional
         CCD only: the scales of the split normal of each standardized axis (negative and
         positive side), from which ``eta`` is drawn (:meth:`sample_eta`).
+    cells : tuple of ndarray, optional
+        The adaptive grid of one variance only: the lower and upper edges of each point's cell
+        (within which ``eta`` is drawn uniformly).
     log_density : ndarray (G,)
         ``log Z_EP + log p(eta)`` at each point (plus the integrated gradient correction with
         ``correct_variance=True``).
@@ -362,8 +380,9 @@ class GridPosterior:
     """
 
     def __init__(self, eta, log_density, fits, step, mode, hessian, info, cov_dims=(), log_rule=None,
-                 split_scales=None):
+                 split_scales=None, cells=None):
         self.eta = eta
+        self.cells = cells
         self.cov_dims = list(cov_dims)
         self.n_log_variances = eta.shape[1] - sum(q * (q + 1) // 2 for q in self.cov_dims)
         self.log_density = log_density
@@ -394,6 +413,9 @@ class GridPosterior:
         """Draws of ``eta``: on a grid uniformly within the cell of each drawn point ``which``; with
         CCD from the split normal of each standardized axis (independent of ``which``)."""
         K = self.eta.shape[1]
+        if self.cells is not None:
+            lo, hi = self.cells
+            return (lo[which] + rng.random(which.size) * (hi[which] - lo[which]))[:, None]
         if self.split_scales is None:
             return self.eta[which] + rng.uniform(-0.5, 0.5, size=(which.size, K)) @ self.step.T
         z = np.abs(rng.standard_normal((which.size, K)))
@@ -463,17 +485,19 @@ def ccd_rule(K, f0=CCD_F0):
     log_w[0] = np.log(1.0 - f0 ** -2) - log_phi0
     return Z, log_w
 
-def _hessian(ev, eta, h=0.05):
+def _hessian(ev, eta, h=0.05, run=None):
     """Minus the Hessian of ``log p~(eta | y)`` by central differences of the gradient (NaN where
-    EP failed), each side warm-started from the sites at ``eta``."""
+    EP failed), each side warm-started from the sites at ``eta`` (``run(eta, sites)``: how a point
+    is evaluated, default ``ev.run``)."""
+    run = run or (lambda e, sites: ev.run(e, sites=sites))
     K = eta.size
     H = np.empty((K, K))
-    centre = ev.run(eta)[2]
+    centre = run(eta, None)[2]
     for k in range(K):
         e = np.zeros(K)
         e[k] = h
-        sites = (centre.site_prec, centre.site_shift) if centre is not None else None
-        H[:, k] = (ev.run(eta + e, sites=sites)[1] - ev.run(eta - e, sites=sites)[1]) / (2 * h)
+        sites = centre.sites if centre is not None else None
+        H[:, k] = (run(eta + e, sites)[1] - run(eta - e, sites)[1]) / (2 * h)
     return -(H + H.T) / 2.0
 
 
@@ -542,9 +566,30 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
     return eta, _hessian(ev, eta), it
 
 
+#: ``integrate_variances(adaptive=True)``: step of the adaptive grid of one variance, in local
+#: sds. On the exact posterior of a variance given one site (skewed), the grid's mean of eta was
+#: 4e-4 posterior sds off at 1.0, 3e-3 at 1.25 and 0.018 at 1.5.
+LINE_DZ = 1.0
+
+#: An EP run under the moment rule that stops unconverged with a moment change above this (in
+#: sds per sweep) counts as failed (zero weight), as one without finite moments does.
+UNSETTLED = 0.1
+
+#: ``integrate_variances(adaptive=True)``: most sweeps of a warm-started EP run (far out in the
+#: tails of nearly separable data, at variances of e^18, EP may not settle; such a point keeps
+#: the moments it has and counts as unconverged).
+WARM_MAX_SWEEPS = 15
+
+#: ``integrate_variances(adaptive=True)``: the EP runs stop when the moments of the Gaussian
+#: move by less than this (means in sds, sds relative) in a sweep, which leaves them within about
+#: 3e-3 sds of the fixed point.
+MOMENT_TOL = 1e-3
+
+
 def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
                         max_sweeps=500, correct_variance=False, evidence=None, mode_sd_tol=0.05,
-                        warn_unconverged=True, anneal_after=None, strategy="auto") -> GridPosterior:
+                        warn_unconverged=True, anneal_after=None, strategy="auto", adaptive=None,
+                        moment_tol=MOMENT_TOL) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
     Parameters
@@ -591,6 +636,18 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     warn_unconverged : bool
         Warn when EP did not converge at some grid point (the caller may judge by the points'
         weights instead: ``fits[g].converged``).
+    adaptive : bool, optional
+        The cheaper integration of :mod:`vbsvm.inference.ep_variance_grid`: the mode by
+        quasi-Newton from EP's gradients (the curvature started from the frozen-site density's),
+        points evaluated with frozen sites where predicted accurate, looser EP tolerances where
+        the density is predicted far below its best, warm starts extrapolated along the grid, and
+        with one variance the adaptive grid of :func:`~vbsvm.inference.ep_variance_grid.walk_1d`
+        (``dz`` its step in local sds). Default: on for the Gaussian priors' density without
+        ``correct_variance``; off (the lattice from the mode found by EM and Newton steps with
+        differenced Hessians, every point by EP at ``tol``) with a custom ``evidence``.
+    moment_tol : float
+        With ``adaptive``: the EP runs' convergence rule (``expectation_propagation(moment_tol=...)``)
+        at points near the best, looser in the tails (:func:`~vbsvm.inference.ep_variance_grid.point_tolerance`).
     strategy : {"auto", "grid", "ccd"}
         The integration rule: the regular grid, or the central composite design of
         :func:`ccd_rule` (2K + 1 + 2^K or 2^(K-1) points, theta a mixture over them, ``eta`` drawn
@@ -612,6 +669,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     """
     start = time.perf_counter()
     options = {"damping": damping, "tol": tol, "max_sweeps": max_sweeps, "anneal_after": anneal_after}
+    adaptive = (evidence is None and not correct_variance) if adaptive is None else bool(adaptive)
+    if adaptive:
+        options["moment_tol"] = moment_tol
     ev = _Evidence(model, options, correct=correct_variance) if evidence is None else evidence(model, options)
     K = ev.n_variances
     if K == 0:
@@ -623,9 +683,29 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                                                  "annealed": ev.annealed, "seconds": time.perf_counter() - start,
                                                  "failed": ev.failed})
     if dz is None:
-        dz = 1.0 if K <= 2 else 1.5
-    mode, H, n_newton = _find_mode(ev, K, sd_tol=mode_sd_tol)
-    ev.forget_all_but(mode)
+        dz = (LINE_DZ if K == 1 and adaptive else 1.0) if K <= 2 else 1.5
+    if adaptive:
+        evaluate = PointEvaluator(ev, moment_tol, max_sweeps=WARM_MAX_SWEEPS if moment_tol >= MOMENT_TOL else None)
+        mode, lp_mode, grad_mode, res_mode, H, n_newton = find_mode(evaluate, K, np.zeros(K))
+        for _, res in evaluate.anchors:  # only the mode's sites warm-start what follows
+            if res is not res_mode:
+                res.release_sites()
+        if K == 1 and strategy != "ccd":
+            # the curvature of the mode search (the frozen sites' corrected by EP's secants): an
+            # error of a factor 2 changes the step by 1.4, within what the rule tolerates
+            return _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton, dz=dz, drop=drop,
+                                  max_points=max_points, start=start, warn_unconverged=warn_unconverged)
+        H = _hessian(ev, mode, run=lambda e, sites: evaluate(e, warm=sites))
+
+        def run(eta, base, drop_predicted):
+            return evaluate(eta, drop_predicted, warm=base.sites)
+    else:
+        mode, H, n_newton = _find_mode(ev, K, sd_tol=mode_sd_tol)
+        ev.forget_all_but(mode)
+        evaluate = None
+
+        def run(eta, base, drop_predicted):
+            return ev.run(eta, sites=base.sites)
     if not np.all(np.isfinite(H)):
         warnings.warn("EP failed next to the mode of the log variances; the grid uses unit curvature.",
                       ConvergenceWarning, stacklevel=3)
@@ -637,7 +717,8 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         evals = np.maximum(np.abs(evals), 1e-3)
     ccd_scales = None
     if strategy == "ccd" or (strategy == "auto" and K >= 3 and not correct_variance):
-        ccd = _ccd_posterior(ev, mode, H, evecs / np.sqrt(evals)[None, :], n_newton, start, warn_unconverged)
+        ccd = _ccd_posterior(ev, mode, H, evecs / np.sqrt(evals)[None, :], n_newton, start, warn_unconverged,
+                             run=None if evaluate is None else (lambda e, sites: evaluate(e, warm=sites)))
         ccd_scales = ccd.split_scales
         skewed = not np.all(np.abs(np.log(ccd_scales)) <= np.log(CCD_MAX_SKEW))
         if strategy == "ccd" or not skewed:
@@ -658,7 +739,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     # heaviest point's (its value is below the best seen, which only grows): then the grid holds
     # the sites of about two layers, not of every point (at 1e6 rows each point's are 16 MB).
     origin = tuple([0] * K)
-    points = {origin: ev.run(mode)}
+    points = {origin: ev.run(mode) if evaluate is None else evaluate(mode)}
     delta = {origin: 0.0}  # integrated gradient correction
     best = points[origin][0]
     frontier = [origin]
@@ -681,7 +762,10 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
                 if new in points or len(points) >= max_points:
                     continue
                 eta = mode + step @ np.array(new, dtype=float)
-                out = ev.run(eta, sites=base.sites)  # None (released): the last run's sites
+                # the drop below the best predicted by the quadratic model at the base point
+                d_eta = step[:, k] * sgn
+                predicted = points[idx][0] + float(points[idx][1] @ d_eta) - 0.5 * float(d_eta @ H @ d_eta)
+                out = run(eta, base, best - predicted)  # sites None (released): the last run's
                 points[new] = out
                 if out[2] is None:
                     delta[new] = -np.inf
@@ -705,9 +789,37 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     lp = np.array([points[k][0] + delta[k] for k in keys])
     fits = [points[k][2] for k in keys]
     info = _run_info(ev, n_newton, start, warn_unconverged, "grid")
+    info["n_frozen"] = 0 if evaluate is None else evaluate.n_frozen
     if ccd_scales is not None:
         info["ccd_side_scales"] = ccd_scales.tolist()  # why CCD was not kept
     return GridPosterior(eta, lp, fits, step, mode, H, info, cov_dims=[iw.dim for _, iw in ev.covariances])
+
+
+def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton, *, dz, drop, max_points, start,
+                   warn_unconverged):
+    """:class:`GridPosterior` of one log variance on the adaptive grid of
+    :func:`~vbsvm.inference.ep_variance_grid.walk_1d`: each point weighted by its density times
+    the width of its cell (the trapezoid rule in the coordinate in which the points are regular)."""
+    curvature = float(H[0, 0])
+    points, truncated = walk_1d(evaluate, float(mode[0]), lp_mode, grad_mode, res_mode, curvature, dz=dz, drop=drop,
+                                max_points=max_points)
+    if truncated:
+        warnings.warn(f"the variance grid reached max_points={max_points} before the log density fell by "
+                      f"{drop}; the tails are truncated.", ConvergenceWarning, stacklevel=4)
+    keep = [p for p in points if p[3] is not None and np.isfinite(p[1])]
+    eta = np.array([[p[0]] for p in keep])
+    lp = np.array([p[1] for p in keep])
+    fits = [p[3] for p in keep]
+    lo, hi = cell_edges(eta[:, 0])
+    log_w = lp + np.log(hi - lo)
+    heaviest = int(np.argmax(log_w))
+    for g, f in enumerate(fits):  # as on the lattice, only the heaviest point keeps its sites
+        if g != heaviest:
+            f.release_sites()
+    info = _run_info(ev, n_newton, start, warn_unconverged, "adaptive")
+    info["n_frozen"] = evaluate.n_frozen
+    step = np.array([[dz / np.sqrt(max(curvature, 1e-6))]])
+    return GridPosterior(eta, lp, fits, step, mode, H, info, log_rule=np.log(hi - lo), cells=(lo, hi))
 
 
 def _run_info(ev, n_newton, start, warn_unconverged, strategy):
@@ -725,14 +837,16 @@ def _run_info(ev, n_newton, start, warn_unconverged, strategy):
     return info
 
 
-def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged):
+def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=None):
     """:class:`GridPosterior` on the central composite design around ``mode``; ``axes`` (K, K):
-    columns the principal axes of ``H`` scaled by their sds (``eta = mode + axes @ z``)."""
+    columns the principal axes of ``H`` scaled by their sds (``eta = mode + axes @ z``);
+    ``run(eta, sites)`` evaluates a point (default ``ev.run``)."""
+    run = run or (lambda e, sites: ev.run(e, sites=sites))
     K = mode.size
     Z, log_w = ccd_rule(K)
-    centre = ev.run(mode)
-    sites = (centre[2].site_prec, centre[2].site_shift)
-    runs = [centre] + [ev.run(mode + axes @ z, sites=sites) for z in Z[1:]]
+    centre = run(mode, None)
+    sites = centre[2].sites
+    runs = [centre] + [run(mode + axes @ z, sites) for z in Z[1:]]
     lp = np.array([out[0] for out in runs])
     # split normal: the side scale that gives the Gaussian drop r^2 / 2 at each axial point
     r = Z[1, 0]
@@ -892,6 +1006,9 @@ EP_CORRECT_MAX_N = 50_000
 #: -> 0.1 s), where EP at 1e-6 needs hundreds of damped sweeps per grid point.
 EP_TOL = 1e-4
 
+#: Damping of the EP runs of a fit.
+EP_DAMPING = 0.5
+
 
 def fit_calibrated(model, settings=None, M=None) -> dict:
     r"""EP integrated over the variance components: the posterior dict of a ``method="vb"`` fit.
@@ -929,7 +1046,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
     with limit_blas(getattr(model, "blas_work", 0.0)):
         correct = settings.get("ep_correct", model.n <= EP_CORRECT_MAX_N)
         grid = integrate_variances(model, dz=settings.get("ep_dz"), drop=settings.get("ep_drop", 7.0),
-                                   damping=settings.get("ep_damping", 0.5), tol=settings.get("ep_tol", EP_TOL),
+                                   damping=settings.get("ep_damping", EP_DAMPING), tol=settings.get("ep_tol", EP_TOL),
                                    correct_variance=settings.get("ep_correct_variance", False),
                                    strategy=settings.get("ep_strategy", "auto"))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
@@ -946,7 +1063,8 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         if correct:
             # corrected marginals at the grid's heaviest point, carried to the mixture as a shift
             # and a scale of each dense coordinate (correlations and the random intercepts kept)
-            top = grid.fits[int(np.argmax(grid.weights))]
+            heaviest = int(np.argmax(grid.weights))
+            top = _settled(model, grid, heaviest, settings.get("ep_tol", EP_TOL), settings.get("ep_damping", EP_DAMPING))
             c_mean, c_sd = corrected_marginals(top, model, M)
             e_mean = M @ top.mean[: model.qd]
             e_sd = np.sqrt(np.sum((M @ top.post.cov_dense()) * M, axis=1))
@@ -985,6 +1103,25 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         "log_evidence": grid.log_evidence, "elbo": np.array([grid.log_evidence]),
         "info": {**grid.info, "grid_points": int(grid.eta.shape[0]), "seconds_total": time.perf_counter() - start},
     }
+
+
+def _settled(model, grid, g, tol, damping):
+    """The EP fit at grid point ``g`` with its sites converged to the site rule ``tol`` (what the
+    marginal corrections read: the ratios of the exact sites to the Gaussian ones), from its
+    own sites; the fit itself where the grid ran EP to that rule already."""
+    fit = grid.fits[g]
+    if fit.sites is None or not np.isfinite(getattr(fit, "moment_change", np.nan)) and not getattr(fit, "frozen", False):
+        return fit
+    eta = grid.eta[g]
+    K = grid.n_log_variances
+    ev = _Evidence(model, {})
+    tau = model.prior_precision(np.exp(-eta[:K]))
+    blocks = model.prior_blocks([spd_inverse(S) for S in ev.covariances_at(eta)])
+    try:
+        out = expectation_propagation(model, tau, blocks=blocks, sites=fit.sites, tol=tol, damping=damping)
+    except FloatingPointError:
+        return fit
+    return out if np.all(np.isfinite(out.mean)) and np.all(np.isfinite(out.diag_cov)) else fit
 
 
 def _sparse_block_moments(grid, model):
