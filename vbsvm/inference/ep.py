@@ -571,6 +571,10 @@ def _find_mode(ev, K, max_iter=30, xtol=1e-3, sd_tol=0.05):
 #: 4e-4 posterior sds off at 1.0, 3e-3 at 1.25 and 0.018 at 1.5.
 LINE_DZ = 1.0
 
+#: ``integrate_variances(adaptive=True)``: EP runs whose sites all have a leverage below this go
+#: on undamped (``expectation_propagation(undamped_leverage=...)``).
+UNDAMPED_LEVERAGE = 0.02
+
 #: ``integrate_variances(adaptive=True)``: most quasi-Newton steps of the mode search with one
 #: variance (its adaptive grid goes on uphill where the density is flat).
 LINE_NEWTON = 3
@@ -676,6 +680,7 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     adaptive = (evidence is None and not correct_variance) if adaptive is None else bool(adaptive)
     if adaptive:
         options["moment_tol"] = moment_tol
+        options["undamped_leverage"] = UNDAMPED_LEVERAGE
     ev = _Evidence(model, options, correct=correct_variance) if evidence is None else evidence(model, options)
     K = ev.n_variances
     if K == 0:  # the one EP run is the posterior: the site rule at tol

@@ -568,14 +568,15 @@ STALL_SWEEPS = 40
 
 
 def _as_sites(sites) -> Sites:
-    if isinstance(sites, Sites):
-        return Sites(sites.prec.copy(), sites.shift.copy(), sites.stats)
+    if isinstance(sites, Sites):  # never written to: every step makes new arrays
+        return Sites(sites.prec, sites.shift, sites.stats)
     stats = sites[2] if len(sites) > 2 else None
     return Sites(np.array(sites[0], dtype=float), np.array(sites[1], dtype=float), stats)
 
 
 def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, damping=0.5, tol=1e-6,
-                            max_sweeps=500, accelerate=True, anneal_after=None, moment_tol=None):
+                            max_sweeps=500, accelerate=True, anneal_after=None, moment_tol=None,
+                            undamped_leverage=None):
     r"""Parallel damped EP for theta at fixed prior precisions ``tau``.
 
     Parameters
@@ -630,6 +631,12 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
         stalled so at damping 0.5, the sites alternating around the fixed point: with SQUAREM
         throughout, 780 sweeps to tol 1e-4; without it at damping 0.5, 145; at damping 0.35
         with SQUAREM, 65.
+    undamped_leverage : float, optional
+        When the first sweep finds every site's leverage ``tau~_i v_i`` (its share of its score's
+        marginal precision) below this, the run goes on undamped and without extrapolation:
+        each site then barely moves the others' marginals, parallel EP is close to sequential
+        and converges in about half the sweeps (9 instead of 23 to 30 at n = 20,000, 21
+        coefficients), with 6 n-vectors of state instead of SQUAREM's 14.
     anneal_after : int, optional
         After this many sweeps without convergence, shrink the damping by a factor
         :data:`ANNEAL_FACTOR` every sweep (no extrapolation) and stop when the damped step is below
@@ -687,6 +694,8 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
             x = good.damped(delta)
             continue
         good = cur
+        if undamped_leverage is not None and sweeps == 1 and cur.max_leverage < undamped_leverage:
+            delta, accelerate = 1.0, False
         if done(cur):
             converged = True
             break
