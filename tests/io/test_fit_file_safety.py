@@ -558,8 +558,11 @@ def test_only_regular_files_of_bounded_size_are_opened(tmp_path):
     refused(fifo, "FIFO")
     assert time.monotonic() - start < 5
     sparse = tmp_path / "sparse.nc"
-    with open(sparse, "wb") as f:
-        f.truncate(20 << 30)  # 20 GB, no blocks
+    try:
+        with open(sparse, "wb") as f:
+            f.truncate(20 << 30)  # 20 GB, no blocks
+    except OSError:
+        pytest.skip("this file system has no sparse files")
     refused(sparse, "more than a fit file may have")
     link = tmp_path / "link.nc"
     link.symlink_to("/dev/zero")

@@ -302,7 +302,8 @@ def describe(f, read_groups, datasets):
         full = gname in read_groups
         desc = {"attrs": _attributes(group, f"the group {gname!r}") if full else {}, "variables": {}}
         for vname, var in group.variables.items():
-            shape, descr, nbytes = datasets[f"/{gname}/{vname}"]
+            key = f"/{gname}/{vname}"
+            shape, descr, nbytes = datasets[key if key in datasets else f"/{gname}/_nc4_non_coord_{vname}"]
             item = {"shape": shape, "dtype": descr, "bytes": nbytes}
             if full:
                 dims = list(var.dimensions)
@@ -333,7 +334,8 @@ def read_arrays(f, wanted, budget):
     for gname, vname in wanted:
         if not (isinstance(gname, str) and isinstance(vname, str)):
             raise Refusal("the parent asked for a variable by a name that is not text.")
-        dset = f[gname][vname]
+        group = f[gname]
+        dset = group[vname] if vname in group else group["_nc4_non_coord_" + vname]  # as h5netcdf names it
         data = dset[()]
         if isinstance(data, (bytes, str)):  # a scalar text dataset
             data = np.array([data], dtype=object).reshape(())
