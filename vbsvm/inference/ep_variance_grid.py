@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbsvm.inference.ep_sites import EPResult, SiteGaussian, Sites, SiteStatistics
+from vbsvm.inference.ep_sites import Sites, SiteGaussian, SiteStatistics
 
 __all__ = ["FrozenSites", "PointEvaluator", "point_tolerance", "find_mode", "walk_1d", "cell_edges",
            "THETA_STEP", "GAIN_TOL", "FROZEN_THETA_ERROR", "FROZEN_LP_ERROR"]
@@ -398,6 +398,7 @@ class PointEvaluator:
         return FrozenSites(self.ev, anchor[0], anchor[1])
 
     def __call__(self, eta, predicted_drop=np.nan, warm=None):
+        from vbsvm.inference.ep_sites import EPResult
 
         eta = np.asarray(eta, dtype=float)
         anchor, r = self._nearest(eta)
