@@ -122,6 +122,6 @@ def test_layer_contracts_hold():
 
     config = Path(__file__).resolve().parents[1] / "pyproject.toml"
     lint = Path(sys.executable).with_name("lint-imports")
-    run = subprocess.run([str(lint), "--config", str(config), "--no-cache"], capture_output=True, text=True,
+    run = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True,
                          cwd=config.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
