@@ -91,3 +91,29 @@ def test_separable_with_the_intercept_held_at_zero(threshold_data):
     assert d.linearly_separable() is True and d.linearly_separable(intercept=False) is False
     centred = threshold_data.assign(y=(threshold_data["x"] > threshold_data["x"].mean()).astype(int))
     assert build_design("y ~ x", centred).linearly_separable(intercept=False) is True
+
+
+def test_a_subset_settles_overlapping_classes_and_the_full_lp_confirms_separation(monkeypatch):
+    """Separable rows stay separable on any subset: an infeasible LP on a subset ends the check;
+    a feasible one is confirmed (or refuted) by the LP on every row."""
+    import vbsvm.formula.design as design_module
+
+    monkeypatch.setattr(design_module, "SEPARATION_SUBSET", 200)
+    calls = []
+    solve = design_module.Design._separating_lp
+    monkeypatch.setattr(design_module.Design, "_separating_lp",
+                        lambda self, rows, cols: calls.append(len(rows)) or solve(self, rows, cols))
+    overlapping = build_design("y ~ .", vbsvm.datasets.simulate_luts(n=5000, d=5, seed=1))
+    assert overlapping.linearly_separable() is False and calls == [200]
+    calls.clear()
+    x = np.random.default_rng(4).normal(size=(8000, 2))
+    x = x[np.abs(x.sum(1) - 0.3) > 0.1][:5000]  # a gap around the separating line
+    separable = build_design("y ~ a + b", pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "y": (x.sum(1) > 0.3) * 1}))
+    assert separable.linearly_separable() is True and calls == [200, 5000]
+    calls.clear()
+    # separable on the subset only: one point on the wrong side, found by the full LP
+    flipped = pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "y": (x.sum(1) > 0.3) * 1})
+    worst = int(np.argmax(x.sum(1)))
+    assert worst % 25 != 0  # not one of the 200 evenly spaced rows (every 25th)
+    flipped.loc[worst, "y"] = 0
+    assert build_design("y ~ a + b", flipped).linearly_separable() is False and calls == [200, 5000]

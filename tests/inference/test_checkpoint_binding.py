@@ -112,7 +112,7 @@ def test_selection_prior_is_bound(tmp_path, df, monkeypatch):
 
 
 def test_fingerprint_binds_the_arrays_and_chain_settings():
-    from vbsvm.fitting.svm import _settings
+    from vbsvm.fitting.svm import fit_settings
     from vbsvm.formula.design import build_design
 
     rng = np.random.default_rng(1)
@@ -124,8 +124,7 @@ def test_fingerprint_binds_the_arrays_and_chain_settings():
                   thin=1, seed=1, tol=1e-6, max_iter=100, accelerate=True, sigma2_beta=1e8, A_u=0.01, B_u=0.01,
                   level=0.95, progress=False, n_jobs=1)
         kw.update(change)
-        settings = _settings(formula, **kw)
-        settings["checkpoint"] = "ck"
+        settings = fit_settings(formula, **kw).replace(checkpoint="ck")
         return run_fingerprint(build_design(formula, data, standardize=settings["standardize"]), settings)
 
     base = fingerprint()

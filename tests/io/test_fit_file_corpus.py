@@ -271,7 +271,7 @@ def fingerprint(fit):
         h.update(pd.util.hash_pandas_object(raw, index=True).to_numpy().tobytes())
         h.update(repr([(c, str(t)) for c, t in raw.dtypes.items()]).encode())
     else:
-        tree = fit.to_arviz(draws=2, chains=1)
+        tree = fit.with_draw_shape(1, 2).to_arviz()
         h.update(json.dumps(dict(tree.attrs), sort_keys=True, default=repr).encode())
         arrays = {k: v.values for k, v in tree["vbsvm_state"].data_vars.items()}
     for key in sorted(arrays):

@@ -706,7 +706,7 @@ def test_map_and_laplace_zero_are_refused(small):
     from vbsvm.models.priors import LaplaceZero
 
     design = build_design("y ~ x1 + x2 + x3", small, missing="impute")
-    settings = dict(method="vb", imputation="joint")
+    settings = fit_settings("y ~ x1 + x2 + x3", missing="impute", imputation="joint")
     with pytest.raises(InputError, match="LaplaceZero.*imputation='conditional'"):
         fit_imputed(design, settings, prior=LaplaceZero(rho=0.1))
 

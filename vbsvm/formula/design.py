@@ -59,6 +59,9 @@ MAX_FACTOR_BYTES = 2 ** 30
 #: Largest distance of a new value from the training mean, in training sds, that predictions
 #: accept: beyond it the score's variance (a sum of squares of such values) would overflow float64.
 MAX_STANDARDIZED = 1e100
+#: Rows (at least; 20 per column) of the subset whose LP is tried first by
+#: :meth:`Design.linearly_separable`: overlapping classes are found not separable on it.
+SEPARATION_SUBSET = 2000
 
 
 
@@ -230,22 +233,32 @@ class Design:
         With ``intercept=False`` the intercept is held at 0 (any fixed value gives the same answer:
         the question is whether the slopes alone separate, through the origin of the predictors as
         the design holds them, i.e. their training means when standardized)."""
-        complete = ~self.missing_mask.any(axis=1)
-        X = self.X if complete.all() else self.X[complete]
+        rows = np.flatnonzero(~self.missing_mask.any(axis=1))
+        cols = np.arange(self.X.shape[1])
         if not intercept and self.has_intercept:
-            X = np.delete(X, self.column_names.index("Intercept"), axis=1)
-        n, p = X.shape
+            cols = np.delete(cols, self.column_names.index("Intercept"))
+        n, p = len(rows), len(cols)
         if n * p > max_size:
             return None
         if p == 0:
             return False
+        # Separable data stay separable on every subset of rows, so an infeasible LP on evenly
+        # spaced rows proves the whole is not separable at a fraction of the cost (and memory) of
+        # the full LP, which is solved only when the subset is separable or undecided.
+        subset = rows[np.linspace(0, n - 1, min(n, max(SEPARATION_SUBSET, 20 * p))).astype(int)]
+        if len(subset) < n and self._separating_lp(subset, cols) is False:
+            return False
+        return self._separating_lp(rows, cols)
+
+    def _separating_lp(self, rows, cols) -> bool | None:
+        """Whether some beta gives ``y_i x_i[cols]^T beta >= 1`` on ``rows`` (None: undecided)."""
         from scipy.optimize import linprog
 
-        A, b = -(self.y[complete, None] * X), -np.ones(n)
+        A, b = -(self.y[rows, None] * self.X[np.ix_(rows, cols)]), -np.ones(len(rows))
         # 0: a separating beta found; 2: infeasible (not separable); anything else (numerical
         # difficulties) is retried by the dual simplex, then left undecided (None)
         for method in ("highs-ipm", "highs-ds"):
-            status = linprog(np.zeros(p), A_ub=A, b_ub=b, bounds=(None, None), method=method).status
+            status = linprog(np.zeros(len(cols)), A_ub=A, b_ub=b, bounds=(None, None), method=method).status
             if status in (0, 2):
                 return status == 0
         return None

@@ -48,6 +48,7 @@ import xarray as xr
 
 from vbsvm._version import __version__
 from vbsvm.exceptions import FitFileError, InputError, InputTypeError, VbsvmError
+from vbsvm.formula.encoding import COLUMN_NAME_ATTR
 from vbsvm.formula.safety import check_formula
 from vbsvm.io import fit_file_reader, fit_file_schema
 from vbsvm.io.fit_file_reader import (
@@ -671,11 +672,11 @@ def _attribute(value, name, form, finite=False):
 
 
 #: Variable attributes a fit file's read groups may carry, by group.
-_VARIABLE_ATTRS = {"constant_data": {"_FillValue", "dtype", "categories"}}
+_VARIABLE_ATTRS = {"constant_data": {"_FillValue", "dtype", "categories", COLUMN_NAME_ATTR}}
 
 
 def _check_variable_attributes(group, variables):
-
+    """Refuse variable attributes outside :data:`_VARIABLE_ATTRS` and check the allowed ones."""
     allowed = _VARIABLE_ATTRS.get(group, {"_FillValue"})
     for name, meta in variables.items():
         where = f"the variable {name!r} of group {group!r}"
@@ -689,7 +690,7 @@ def _check_variable_attributes(group, variables):
                     or fill.size != 1 or not np.isnan(fill).all():
                 raise FitFileError(f"{where} has a _FillValue other than NaN on floating-point data; a fit file "
                                    "marks nothing as missing that way.")
-        for key in ("dtype", "categories"):
+        for key in ("dtype", "categories", COLUMN_NAME_ATTR):
             if key in meta["attrs"] and not isinstance(decode_attribute(meta["attrs"][key]), str):
                 raise FitFileError(f"{where} has a {key!r} attribute that is not text.")
 

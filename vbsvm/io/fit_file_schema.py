@@ -98,14 +98,15 @@ FOREIGN = {
     "selection": _IMPUTED_ONLY | {"label_effect_draws"},
     "imputed": _SELECTION_ONLY | {"label_effect_draws"},
 }
-#: GP fits (group ``vbsvm_state``): ``m`` inducing points, ``f`` features, ``P`` kernel parameters.
+#: GP fits (group ``vbsvm_state``): ``m`` inducing points, ``f`` features, ``P`` kernel parameters,
+#: ``E`` recorded ELBO values (none for a Gibbs fit).
 GP_VARIABLES = {
     "Z": (("m", "f"), "finite"),
     "prec": (("m", "m"), "precision"),
     "shift": (("m",), "finite"),
     "theta": (("P",), "finite"),
-    "elbo": (("T",), "finite"),
-    "elbo_iter": (("T",), "finite"),
+    "elbo": (("E",), "finite"),
+    "elbo_iter": (("E",), "finite"),
     "theta_trace": (("T2", "P"), "finite"),
     "gibbs_v": (("c", "d", "m"), "finite"),
 }
