@@ -45,8 +45,10 @@ Run:  PYTHONPATH=. python benchmarks/loo.py [--quick] [--parts A,B,C] [--exact-g
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -64,6 +66,23 @@ TOENAIL_FORMULA = "y ~ time * terbinafine + (1 | patient_id)"
 N_PREDICTORS = 18
 NESTED = ["y ~ x1", "y ~ x1 + x2", "y ~ x1 + x2 + x3", "y ~ " + " + ".join(f"x{j + 1}" for j in range(N_PREDICTORS))]
 TRUTH = "Phi(1.5 x1 + 1.0 x2 + 0.7 x3)"
+
+
+CACHE = {"dir": None}
+
+
+def cached(key, args, compute):
+    """``compute()``, kept as JSON under ``--cache`` (keyed by ``key`` and the arguments), so that an
+    interrupted run resumes where it stopped."""
+    settings = {k: v for k, v in vars(args).items() if k not in ("parts", "cache")}
+    digest = hashlib.sha1(json.dumps([key, settings], sort_keys=True).encode()).hexdigest()[:16]
+    path = Path(args.cache) / f"{digest}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    value = compute()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value))
+    return value
 
 
 def log_score(p, y01):
@@ -128,27 +147,37 @@ def part_a(args):
     y01 = toe["y"].to_numpy()
     methods = ["gibbs", "vb", "meanfield"]
     rows, seconds = {}, {}
-    for method in methods:
+    def full_fit(method):
         start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             fit = vbsvm.svm(TOENAIL_FORMULA, toe, penalty=None, seed=1, **fit_kwargs(method, args))
-        seconds[method] = time.perf_counter() - start
-        rows[method] = loo_row(fit, toe, y01)
+        return {"seconds": time.perf_counter() - start, **loo_row(fit, toe, y01)}
+
+    for method in methods:
+        rows[method] = cached(["toenail", method], args, lambda: full_fit(method))
+        seconds[method] = rows[method].pop("seconds")
         print(method, {k: round(v, 2) for k, v in rows[method].items()}, flush=True)
     folds = np.random.default_rng(args.seed).permutation(len(toe)) % args.folds
-    cv = {m: np.zeros(len(toe)) for m in methods + ["logit", "glmm"]}
-    for k in range(args.folds):
+
+    def one_fold(k):
         train, test = toe[folds != k], toe[folds == k]
-        at = folds == k
+        out = {}
         for method in methods:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 fit = vbsvm.svm(TOENAIL_FORMULA, train, penalty=None, seed=1, **fit_kwargs(method, args))
-            cv[method][at] = log_score(fit.predict(test, kind="prob"), test["y"])
+            out[method] = log_score(fit.predict(test, kind="prob"), test["y"]).tolist()
         logit = smf.logit("y ~ time * terbinafine", train).fit(disp=0)
-        cv["logit"][at] = log_score(logit.predict(test), test["y"])
-        cv["glmm"][at] = log_score(glmm_prob(train, test), test["y"])
+        out["logit"] = log_score(logit.predict(test), test["y"]).tolist()
+        out["glmm"] = log_score(glmm_prob(train, test), test["y"]).tolist()
+        return out
+
+    cv = {m: np.zeros(len(toe)) for m in methods + ["logit", "glmm"]}
+    for k in range(args.folds):
+        scores = cached(["toenail-fold", k], args, lambda: one_fold(k))
+        for m, v in scores.items():
+            cv[m][folds == k] = v
         print(f"fold {k + 1}/{args.folds}", flush=True)
     logit_in_sample = float(smf.logit("y ~ time * terbinafine", toe).fit(disp=0).llf)
     cv_sum = {m: float(v.sum()) for m, v in cv.items()}
@@ -167,26 +196,7 @@ def simulate(rng, n):
 
 
 def part_b(args):
-    reps = []
-    for r in range(args.reps):
-        rng = np.random.default_rng([args.seed, r])
-        train, test = simulate(rng, args.n_train), simulate(rng, args.n_test)
-        out = {}
-        for method in ("vb", "gibbs"):
-            loo, held = [], []
-            for formula in NESTED:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    fit = vbsvm.svm(formula, train, seed=r, **fit_kwargs(method, args))
-                loo.append(float(fit.loo().elpd))
-                held.append(float(log_score(fit.predict(test, kind="prob"), test["y"]).mean()))
-            tau = stats.kendalltau(loo, held).statistic
-            out[method] = {"loo": loo, "held_out_mean": held, "loo_per_row": [v / args.n_train for v in loo],
-                           "kendall_tau": float(tau), "same_best": bool(np.argmax(loo) == np.argmax(held)),
-                           "same_order": bool(np.array_equal(np.argsort(loo), np.argsort(held)))}
-        reps.append(out)
-        print(f"replicate {r + 1}/{args.reps}", {m: (round(v['kendall_tau'], 2), v['same_order']) for m, v in out.items()},
-              flush=True)
+    reps = [cached(["nested", r], args, lambda: one_replicate(args, r)) for r in range(args.reps)]
     summary = {m: {"mean_kendall_tau": float(np.mean([o[m]["kendall_tau"] for o in reps])),
                    "same_best": int(sum(o[m]["same_best"] for o in reps)),
                    "same_order": int(sum(o[m]["same_order"] for o in reps)), "reps": len(reps)}
@@ -194,34 +204,62 @@ def part_b(args):
     return {"models": NESTED, "n_train": args.n_train, "n_test": args.n_test, "replicates": reps, "summary": summary}
 
 
-def part_c(args):
-    import arviz
+def one_replicate(args, r):
+    """Part B's numbers of replicate ``r``."""
+    rng = np.random.default_rng([args.seed, r])
+    train, test = simulate(rng, args.n_train), simulate(rng, args.n_test)
+    out = {}
+    for method in ("vb", "gibbs"):
+        loo, held = [], []
+        for formula in NESTED:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fit = vbsvm.svm(formula, train, seed=r, **fit_kwargs(method, args))
+            loo.append(float(fit.loo().elpd))
+            held.append(float(log_score(fit.predict(test, kind="prob"), test["y"]).mean()))
+        tau = stats.kendalltau(loo, held).statistic
+        out[method] = {"loo": loo, "held_out_mean": held, "loo_per_row": [v / args.n_train for v in loo],
+                       "kendall_tau": float(tau), "same_best": bool(np.argmax(loo) == np.argmax(held)),
+                       "same_order": bool(np.array_equal(np.argsort(loo), np.argsort(held)))}
+    print(f"replicate {r + 1}/{args.reps}", {m: (round(v['kendall_tau'], 2), v['same_order']) for m, v in out.items()},
+          flush=True)
+    return out
 
+
+def part_c(args):
     rng = np.random.default_rng([args.seed, 99])
     n = args.n_exact
     X = rng.standard_normal((n, 2))
     df = pd.DataFrame({"y": (rng.random(n) < expit(1.5 * X[:, 0] - X[:, 1])).astype(int), "x1": X[:, 0], "x2": X[:, 1]})
     out = {}
     for method in ["vb"] + (["gibbs"] if args.exact_gibbs else []):
-        kw = dict(seed=1, **fit_kwargs(method, args))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fit = vbsvm.svm("y ~ x1 + x2", df, **kw)
-            exact = np.array([log_score(vbsvm.svm("y ~ x1 + x2", df.drop(index=df.index[i]), **kw)
-                                        .predict(df.iloc[[i]], kind="prob"), df["y"].iloc[[i]])[0] for i in range(n)])
-            az_tree = float(arviz.loo(fit.to_arviz()).elpd)
-        loo = fit.loo()
-        _, log_prob = fit.pointwise_log_terms()
-        S = log_prob.shape[0] * log_prob.shape[1]
-        flat = log_prob.reshape(S, n)
-        log_w, _ = psis_log_weights(flat, fit.relative_efficiency())
-        out[method] = {"loo": float(loo.elpd), "loo_se": float(loo.se), "exact": float(exact.sum()),
-                       "max_abs_pointwise": float(np.max(np.abs(loo.elpd_i.values - exact))),
-                       "wrong_weights": float(np.logaddexp.reduce(log_w + flat, axis=0).sum()),
-                       "in_sample": float((np.logaddexp.reduce(flat, axis=0) - np.log(S)).sum()),
-                       "az_loo_tree": az_tree, "max_k": float(np.nanmax(loo.pareto_k.values))}
+        out[method] = cached(["exact", method], args, lambda: exact_one(args, df, method))
         print("exact", method, {k: round(v, 2) for k, v in out[method].items()}, flush=True)
     return {"n": n, "fits": out}
+
+
+def exact_one(args, df, method):
+    """Part C's numbers of one method: fit.loo() and the refits."""
+    import arviz
+
+    n = len(df)
+    kw = dict(seed=1, **fit_kwargs(method, args))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = vbsvm.svm("y ~ x1 + x2", df, **kw)
+        exact = np.array([log_score(vbsvm.svm("y ~ x1 + x2", df.drop(index=df.index[i]), **kw)
+                                    .predict(df.iloc[[i]], kind="prob"), df["y"].iloc[[i]])[0] for i in range(n)])
+        az_tree = float(arviz.loo(fit.to_arviz()).elpd)
+    loo = fit.loo()
+    _, log_prob = fit.pointwise_log_terms()
+    S = log_prob.shape[0] * log_prob.shape[1]
+    flat = log_prob.reshape(S, n)
+    log_w, _ = psis_log_weights(flat, fit.relative_efficiency())
+    return {"loo": float(loo.elpd), "loo_se": float(loo.se), "exact": float(exact.sum()),
+            "max_abs_pointwise": float(np.max(np.abs(loo.elpd_i.values - exact))),
+            "wrong_weights": float(np.logaddexp.reduce(log_w + flat, axis=0).sum()),
+            "in_sample": float((np.logaddexp.reduce(flat, axis=0) - np.log(S)).sum()),
+            "az_loo_tree": az_tree, "max_k": float(np.nanmax(loo.pareto_k.values))}
 
 
 def markdown(res) -> str:
@@ -286,6 +324,8 @@ def main():
     parser.add_argument("--n-exact", type=int, default=60)
     parser.add_argument("--exact-gibbs", action="store_true", help="part C also for Gibbs (one Gibbs fit per row)")
     parser.add_argument("--parts", default="A,B,C", help="parts to (re)compute; the others are read from the JSON")
+    parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "vbsvm_loo_cache"),
+                        help="directory of finished pieces (fits, folds, replicates): a rerun resumes from them")
     args = parser.parse_args()
     if args.quick:
         args.folds, args.reps, args.draws, args.tune, args.n_exact = 5, 2, 400, 300, 30
