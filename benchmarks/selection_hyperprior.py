@@ -35,9 +35,14 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from scipy.special import expit
+from scipy.stats import beta as beta_dist
 
 import vbsvm
+from vbsvm.formula.design import build_design
+from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.priors import DEFAULT_RHO_GRID, Beta, LaplaceZero
+from vbsvm.models.selection import LaplaceZeroModel, selectable_columns
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -75,10 +80,12 @@ def simulations(args, out):
     ps = (10, 50) if args.quick else (10, 50, 200)
     gibbs = dict(chains=2, draws=300 if args.quick else 1000, tune=200 if args.quick else 500,
                  max_draws=300 if args.quick else 1000)
-    cells = {}
+    cells = dict(out.get("simulations", {}).get("cells", {})) if args.resume else {}
     for p in ps:
         for corr in (0.0, 0.5):
             key = f"p={p}, {'independent' if corr == 0 else 'Toeplitz(0.5)'}"
+            if key in cells:
+                continue
             methods = ("vb", "meanfield", "gibbs") if p <= 50 else ("vb", "meanfield")
             runs = {name: {m: [] for m in methods} for name in PRIORS}
             for r in range(reps):
@@ -91,11 +98,12 @@ def simulations(args, out):
                         f"FN {runs[name][m][-1]['fn']} rho {runs[name][m][-1]['rho']:.3f} "
                         f"{runs[name][m][-1]['cpu_seconds']:.1f} s" for m in methods), flush=True)
             cells[key] = {"p": p, "toeplitz": corr, "runs": runs, "summary": summarize(runs)}
-    out["simulations"] = {
-        "setting": f"simulate_sparse(200, p, 5, seed=100+r, rho=corr), effect 1, {reps} replicates; Gibbs "
-                   f"chains={gibbs['chains']}, draws={gibbs['draws']} (max_draws too: no extension), "
-                   f"tune={gibbs['tune']}, n_jobs=1, not run at p=200; CPU seconds of the process",
-        "cells": cells}
+            out["simulations"] = {
+                "setting": f"simulate_sparse(200, p, 5, seed=100+r, rho=corr), effect 1, {reps} replicates; Gibbs "
+                           f"chains={gibbs['chains']}, draws={gibbs['draws']} (max_draws too: no extension), "
+                           f"tune={gibbs['tune']}, n_jobs=1, not run at p=200; CPU seconds of the process",
+                "cells": cells}
+            save(args, out)  # after each cell: a long run that stops keeps what it did
 
 
 def summarize(runs):
@@ -114,9 +122,13 @@ def summarize(runs):
 
 
 def elbo_curve(args, out):
-    """The mean-field ELBO over rho="auto"'s grid on one replicate (p = 10 and 50, independent),
-    and the mean field's q(rho) on the same data."""
+    """The mean-field ELBO as a function of a fixed rho on one replicate (p = 10 and 50,
+    independent): over rho="auto"'s grid and over 19 points evenly spaced in logit(rho) from -6 to
+    3; the posterior mean of rho that weights exp(ELBO) times the Beta(1, m^2) density on the fine
+    grid would give; and the mean field's q(rho) under each Beta prior, with the calibrated fit's
+    posterior mean of rho beside it."""
     out["meanfield_elbo_curve"] = {}
+    fine = expit(np.linspace(-6.0, 3.0, 19))
     for p in (10, 50):
         df = vbsvm.datasets.simulate_sparse(200, p, 5, seed=100)
         with warnings.catch_warnings():
@@ -124,17 +136,35 @@ def elbo_curve(args, out):
             auto = vbsvm.svm("y ~ .", df, prior=LaplaceZero(rho="auto"), method="meanfield", seed=1)
             hyper = {name: vbsvm.svm("y ~ .", df, prior=make(p), method="meanfield", seed=1)
                      for name, make in PRIORS.items() if name != "rho=0.01"}
+            calibrated = vbsvm.svm("y ~ .", df, prior=LaplaceZero(), seed=1)
+            d = build_design("y ~ .", df)
+            model = LaplaceZeroModel(d.X, d.y, [], selectable_columns(d, ()), 0.5, intercept=0)
+            curve = []
+            for r in fine:
+                model.set_rho(float(r))
+                curve.append(coordinate_ascent(model, tol=1e-8, max_iter=1000).elbo[-1])
+        curve = np.array(curve)
+        lw = curve + beta_dist(1, p * p).logpdf(fine) + np.log(fine * (1 - fine))  # in logit(rho)
+        w = np.exp(lw - lw.max())
         elbo = auto.rho_curve["elbo"].to_numpy()
         turns = int(np.sum(np.diff(np.sign(np.diff(elbo))) != 0))
+        turns_fine = int(np.sum(np.diff(np.sign(np.diff(curve))) != 0))
         out["meanfield_elbo_curve"][f"p={p}"] = {
             "setting": f"simulate_sparse(200, {p}, 5, seed=100), method='meanfield', rho on DEFAULT_RHO_GRID",
             "rho": [float(r) for r in DEFAULT_RHO_GRID], "elbo": [float(e) for e in elbo],
             "direction_changes": turns,
+            "fine_rho": fine.tolist(), "fine_elbo": curve.tolist(), "fine_direction_changes": turns_fine,
+            "fine_max_step": float(np.max(np.abs(np.diff(curve)))),
+            "elbo_weighted_rho_mean_beta_1_m2": float(w @ fine / w.sum()),
+            "calibrated_rho_mean_beta_1_m2": float(calibrated.rho),
             "q_rho": {name: {"posterior_mean": float(f.rho), "q_rho": [float(x) for x in f.posterior["q_rho"]],
                              "elbo": float(f.posterior["elbo"][-1]), "n_selected": len(f.selected)}
                       for name, f in hyper.items()}}
         print(f"p={p}: mean-field ELBO over rho:", " ".join(f"{r:g}: {e:.2f}" for r, e in zip(DEFAULT_RHO_GRID, elbo)),
-              f"({turns} changes of direction)", flush=True)
+              f"({turns} changes of direction); fine grid: {turns_fine} changes, largest step "
+              f"{np.max(np.abs(np.diff(curve))):.2f}; E[rho] by ELBO weights x Beta(1, m^2) "
+              f"{w @ fine / w.sum():.4f}, by q(rho) {hyper['Beta(1,m^2) (default)'].rho:.4f}, calibrated "
+              f"{calibrated.rho:.4f}", flush=True)
 
 
 def spam_time(args, out):
@@ -178,7 +208,11 @@ def markdown(out) -> str:
     for curve in out.get("meanfield_elbo_curve", {}).values():
         lines += [f"Mean-field ELBO over rho ({curve['setting']}): "
                   + ", ".join(f"{r:g}: {e:.2f}" for r, e in zip(curve["rho"], curve["elbo"]))
-                  + f" ({curve['direction_changes']} changes of direction). q(rho): "
+                  + f" ({curve['direction_changes']} changes of direction; on 19 points evenly spaced in logit(rho) "
+                  f"from -6 to 3: {curve['fine_direction_changes']} changes, largest step "
+                  f"{curve['fine_max_step']:.2f}). Under Beta(1, m^2): E[rho] weighting exp(ELBO) on that grid "
+                  f"{curve['elbo_weighted_rho_mean_beta_1_m2']:.4f}, calibrated fit "
+                  f"{curve['calibrated_rho_mean_beta_1_m2']:.4f}. q(rho): "
                   + "; ".join(f"{k}: E[rho] {v['posterior_mean']:.3f}, ELBO {v['elbo']:.2f}, "
                               f"{v['n_selected']} selected" for k, v in curve["q_rho"].items()), ""]
     spam = out.get("spam_default_time")
@@ -198,17 +232,30 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parts", nargs="*", default=["sim", "elbo", "spam"], choices=["sim", "elbo", "spam"])
+    ap.add_argument("--resume", action="store_true", help="keep the parts and simulation cells already written")
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
                        "loadavg_at_start": os.getloadavg(), "vbsvm": vbsvm.__version__}, "quick": args.quick}
-    if "elbo" in args.parts:
+    path = RESULTS / ("selection_hyperprior_quick.json" if args.quick else "selection_hyperprior.json")
+    if args.resume and path.exists():
+        out.update({k: v for k, v in json.loads(path.read_text()).items() if k not in ("machine", "quick")})
+    if "elbo" in args.parts and "meanfield_elbo_curve" not in out:
         elbo_curve(args, out)
-    if "spam" in args.parts:
+        save(args, out)
+    if "spam" in args.parts and "spam_default_time" not in out:
         spam_time(args, out)
+        save(args, out)
     if "sim" in args.parts:
         simulations(args, out)
     out["machine"]["loadavg_at_end"] = os.getloadavg()
+    path = save(args, out)
+    print(markdown(out))
+    print(f"wrote {path}")
+
+
+def save(args, out) -> Path:
+    """Write the JSON and the markdown table (parts not rerun are kept from the existing file)."""
     RESULTS.mkdir(exist_ok=True)
     stem = "selection_hyperprior_quick" if args.quick else "selection_hyperprior"
     path = RESULTS / f"{stem}.json"
@@ -217,8 +264,7 @@ def main():
             out.setdefault(key, value)
     path.write_text(json.dumps(out, indent=2, default=float))
     (RESULTS / f"{stem}.md").write_text(markdown(out))
-    print(markdown(out))
-    print(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":

@@ -73,9 +73,8 @@ def test_beta_is_immutable_and_described():
 def test_default_is_documented():
     """The default of ``rho`` is the one the docstring and the signature name."""
     default = LaplaceZero().rho
-    doc = LaplaceZero.__doc__
-    assert f"default {default!r}" in doc.replace("rho : Beta, float or \"auto\", ", "")
-    assert LaplaceZero().hyperprior == isinstance(default, Beta)
+    assert f"default {default!r}" in LaplaceZero.__doc__  # "rho : Beta, float or "auto", default Beta(1, m^2)"
+    assert default == Beta() and LaplaceZero().hyperprior
 
 
 def test_fixed_rho_fits_carry_no_hyperprior(small):
@@ -156,7 +155,7 @@ def _rho_given_indicators_pvalue(fit, a, b):
 
 def test_recorded_rho_is_drawn_given_the_recorded_indicators(small, monkeypatch):
     """rho | gamma of every kept sweep; the variant with rho held at its prior mean fails."""
-    kw = dict(prior=LaplaceZero(rho=Beta(2, 3)), method="gibbs", draws=300, tune=50, chains=2, seed=5,
+    kw = dict(prior=LaplaceZero(rho=Beta(2, 3)), method="gibbs", draws=100, tune=30, chains=2, seed=5,
               progress=False, n_jobs=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -210,7 +209,8 @@ def two_terms():
     return pd.DataFrame({"y": y, "x1": x[:, 0], "x2": x[:, 1]})
 
 
-def test_two_term_quadrature_is_converged_and_tells_the_variants_apart(two_terms):
+@pytest.mark.slow
+def test_two_term_quadrature_tells_the_variants_apart(two_terms):
     """The quadrature of the slow test below: the beta-binomial answer differs from the answer with
     rho fixed at its prior mean by far more than that test's tolerance."""
     a, b, A, B = 1.0, 1.0, 1.0, 1.0
@@ -297,7 +297,7 @@ def test_meanfield_logit_is_the_expected_log_odds(small):
 # ----------------------------------------------------------------------------- fits
 @pytest.mark.parametrize("method", ["vb", "meanfield", "gibbs"])
 def test_fits_report_rho_in_summary_arviz_and_files(small, method, tmp_path):
-    kw = dict(draws=150, tune=100, chains=2, progress=False) if method == "gibbs" else {}
+    kw = dict(draws=60, tune=40, chains=2, progress=False) if method == "gibbs" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=Beta(1, 4)), method=method, seed=2, **kw)
@@ -318,7 +318,7 @@ def test_fits_report_rho_in_summary_arviz_and_files(small, method, tmp_path):
 
 
 def test_same_seed_same_result_with_the_hyperprior(small):
-    kw = dict(prior=LaplaceZero(rho=Beta(1, 1)), method="gibbs", draws=40, tune=20, chains=2, progress=False, seed=7)
+    kw = dict(prior=LaplaceZero(rho=Beta(1, 1)), method="gibbs", draws=30, tune=10, chains=2, progress=False, seed=7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         one, two = vbsvm.svm("y ~ .", small, **kw), vbsvm.svm("y ~ .", small, **kw)

@@ -148,6 +148,22 @@ VB: the imputation q first, then this section's Algorithm 3 on completions drawn
 by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
 :math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
 
+Hyperprior on rho (``LaplaceZero(rho=vbsvm.Beta(a, b))``; the default is ``Beta(1, m^2)``, see
+:mod:`vbsvm.models.priors`). Then :math:`\gamma_k \mid \rho \sim \mathrm{Bernoulli}(\rho)` iid and
+:math:`\rho \sim \mathrm{Beta}(a, b)`; rho enters nothing but the indicators' prior, so
+
+.. math::
+
+    \rho \mid \text{rest} \sim \mathrm{Beta}(a + |\gamma|,\, b + m - |\gamma|),
+
+the conjugate step that ends each Gibbs sweep (:meth:`LaplaceZeroModel.draw_rho`; the draw is the
+state's ``"rho"``, recorded as ``rho_draws``). Every move of the indicators uses the current draw
+(:meth:`LaplaceZeroModel.prior_odds`): the collapsed indicator draws (``logit rho``), the add/delete
+moves (``(1 - rho) / rho``) and the model jumps (``rho^|A| (1 - rho)^(m - |A|)``), each exact for the
+posterior given rho; the swaps keep the model size, so rho cancels from their ratio. The mean field
+has a factor ``q(rho)`` (:mod:`vbsvm.models.selection_vb`), the calibrated fit integrates
+``logit(rho)`` with the variances (:mod:`vbsvm.inference.ep_selection`).
+
 Mixing of the Gibbs sampler. Single-site updates of the indicators given their coefficients mix
 slowly when predictors are correlated (the paper ran 50k + 50k draws). Each sweep therefore adds
 to Appendix B, all exact for the same posterior: the collapsed indicator draw above (every
