@@ -14,9 +14,9 @@ from vbsvm import datasets, exceptions
 from vbsvm._version import __version__
 from vbsvm.fitting.gp import gpsvm
 from vbsvm.fitting.svm import load, svm
-from vbsvm.models.priors import LaplaceZero
+from vbsvm.models.priors import Beta, LaplaceZero
 from vbsvm.posterior.linear_response import linear_response
 from vbsvm.results.compare import compare
 from vbsvm.results.gp import GPFit
 
-__all__ = ["svm", "gpsvm", "load", "compare", "linear_response", "LaplaceZero", "GPFit", "datasets", "exceptions", "__version__"]
+__all__ = ["svm", "gpsvm", "load", "compare", "linear_response", "LaplaceZero", "Beta", "GPFit", "datasets", "exceptions", "__version__"]

@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior", choices=("laplace-zero",), default=None,
                    help="variable selection with the Laplace-zero (spike and slab) prior")
     p.add_argument("--rho", type=_rho, default=None, metavar="R",
-                   help="prior inclusion probability for --prior laplace-zero (default 0.01; 'auto' chooses it)")
+                   help="prior inclusion probability for --prior laplace-zero (default: inferred under a "
+                        "Beta(1, m^2) hyperprior; a number fixes it; 'auto' chooses it)")
     p.add_argument("--missing", choices=("drop", "impute", "raise"), default="drop",
                    help="rows with missing predictors: drop them (default), impute them in the model, or stop")
     p.add_argument("--imputation", choices=("conditional", "joint"), default=None,

@@ -177,7 +177,11 @@ def fit_laplace_zero(design, settings, prior):
                     rho_selection="ELBO of the mean-field VB fit on the grid rho_grid")
         vb_engine = lambda model, settings: res  # noqa: E731 - the grid's fit at the chosen rho
     model.set_rho(rho)
-    info["rho"] = float(rho)
+    hyper = model.hyperprior
+    if hyper:
+        info["rho_prior"] = [float(x) for x in model.rho_prior]
+    else:
+        info["rho"] = float(rho)
     sel_index = model.sel.astype(np.int64)
 
     def from_draws(draws):
@@ -186,10 +190,13 @@ def fit_laplace_zero(design, settings, prior):
                      "gamma_draws": draws["gamma"].astype(np.int8), "sel_index": sel_index}
         if base.covariance_components:
             posterior["cov_draws"] = draws["cov"]
+        if hyper:
+            posterior["rho_draws"] = np.asarray(draws["rho"], dtype=float)
         return posterior
 
     readout = Readout(
-        record=("u", "gamma", "sigma2", "log_pseudo_likelihood") + (("cov",) if base.covariance_components else ()),
+        record=("u", "gamma", "sigma2", "log_pseudo_likelihood") + (("cov",) if base.covariance_components else ())
+        + (("rho",) if hyper else ()),
         from_draws=from_draws, from_vb=lambda res: dict(laplace_zero_arrays(model, res, M), sel_index=sel_index),
         calibrated=lambda model: dict(laplace_zero_calibrated_arrays(model, settings, M), sel_index=sel_index),
         vb_engine=vb_engine,
@@ -197,6 +204,8 @@ def fit_laplace_zero(design, settings, prior):
                                           posterior=post, info=dict(info)).summary_diagnostics())
     posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
+    if hyper:
+        info["rho"] = laplace_zero_rho_mean(posterior)
     return SelectionFit(design=design, layout=layout, settings=settings, method=method, posterior=posterior,
                         info=info)
 
@@ -238,6 +247,8 @@ def laplace_zero_arrays(model, res, M):
                elbo=res.elbo, q_eta=q["eta"])
     if "mu_b" in q:  # the mean field's q(b) and chi (not in a pool of calibrated fits)
         out.update(q_b=np.asarray(q["mu_b"], float), q_chi=q["chi"])
+    if "rho_shape" in q:  # q(rho) = Beta(a_q, b_q) under a hyperprior
+        out["q_rho"] = np.asarray(q["rho_shape"], dtype=float)
     if model.base.m_sparse and model.base.q_sparse > 1:  # the random effects are always in (s = 1)
         out["theta_cov_ss_blocks"] = post.sparse_block_cov()
     if model.covs:
@@ -251,9 +262,24 @@ def laplace_zero_calibrated_arrays(model, settings, M):
     ep = fit_calibrated_selection(model, settings)
     out = _spike_slab_arrays(model, ep["mean"], ep["var"], ep["cov_dense"], ep["cov_ds"], ep["p_include"], M)
     keep = ("var_shape", "var_scale", "sigma2_mean", "sigma2_sd", "grid_eta", "grid_weights", "grid_log_density",
-            "grid_step", "grid_p_include", "log_evidence", "info", "cov_draws", "theta_cov_ss_blocks")
+            "grid_step", "grid_p_include", "log_evidence", "info", "cov_draws", "theta_cov_ss_blocks", "q_rho",
+            "rho_mean", "rho_sd")
     out.update({k: ep[k] for k in keep if k in ep}, elbo=np.array([ep["log_evidence"]]))
     return out
+
+
+def laplace_zero_rho_mean(posterior) -> float:
+    """Posterior mean of rho under its hyperprior: of the Gibbs draws, of the mean field's
+    q(rho) = Beta(a_q, b_q), or of the calibrated fit's grid (NaN where the fit holds none: the
+    pooled fits of ``missing="impute"``)."""
+    if "rho_draws" in posterior:
+        return float(np.mean(posterior["rho_draws"]))
+    if "rho_mean" in posterior:
+        return float(posterior["rho_mean"])
+    if "q_rho" in posterior:
+        a, b = np.asarray(posterior["q_rho"], dtype=float)
+        return float(a / (a + b))
+    return float("nan")
 
 
 def _spike_slab_arrays(model, mu, var, Sdd, Sds, g, M):
@@ -330,7 +356,7 @@ def fit_imputed(design, settings, prior=None):
         if method == "vb" and completions < 1:
             raise InputError("prior=LaplaceZero(...) with missing='impute' pools VB fits over completions; "
                              "vb_completions must be >= 1.")
-        select, rho = selection_setup(design, settings, prior)
+        select, rho = selection_setup(design, settings, prior)  # rho: a number or a Beta hyperprior
         fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
         fixed_precision[select] = np.nan
         settings = settings.replace(prior=prior.to_dict())
@@ -365,7 +391,11 @@ def fit_imputed(design, settings, prior=None):
     }
     if prior is not None:
         info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
-        info.update(n_selectable=int(select.sum()), rho=float(rho))
+        info.update(n_selectable=int(select.sum()))
+        if model.svm.hyperprior:  # integrated by each method; its posterior is not kept by the pooled fits
+            info.update(rho_prior=[float(x) for x in model.svm.rho_prior], rho=float("nan"))
+        else:
+            info["rho"] = float(rho)
     if cut and method == "gibbs":
         model.svm_sweeps = _cut_svm_sweeps(settings)
         info["imputation"]["svm_sweeps"] = model.svm_sweeps

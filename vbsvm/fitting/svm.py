@@ -69,7 +69,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     prior : None or vbsvm.LaplaceZero
         ``vbsvm.LaplaceZero(...)``: spike-and-slab Laplace selection of the fixed effects
         (:mod:`vbsvm.models.selection`); combines with random intercepts and random slopes, and
-        with ``missing="impute"`` (conditional imputation, a numeric ``rho``): Gibbs draws the
+        with ``missing="impute"`` (conditional imputation; ``rho`` not ``"auto"``): Gibbs draws the
         imputations from their own posterior, then the selection sweep; VB pools Laplace-zero
         fits over completions drawn from the imputation q.
     missing : {"drop", "raise", "impute"}

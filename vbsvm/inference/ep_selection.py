@@ -60,8 +60,17 @@ grid weights. The fit stores them in the spike-and-slab form of the mean-field f
 a Gaussian with those moments and with the correlations of the EP Gaussian
 (:class:`~vbsvm.posterior.representations.SpikeSlabApproximation` reads both the same way).
 
+**Hyperprior on rho.** With ``rho ~ Beta(a, b)`` (``LaplaceZero(rho=Beta(a, b))``, the default)
+``logit(rho)`` joins the log variances in the integration (:class:`SpikeSlabHyperEvidence`): each
+grid point is an EP fixed point at its ``(sigma_u, rho)``, weighted by the EP evidence there times
+the priors of both, so the weights over the values of ``rho`` are the evidence of each times its
+Beta density, normalised; the inclusion probabilities and coefficient moments are the mixtures
+over the grid, and the inclusion correction of the heaviest point is carried to the others as
+before. The mode search moves ``rho`` by the EM step :math:`(a + \sum_k \pi_k)/(a + b + m)` and
+Newton steps with the gradient of the evidence, whose ``rho`` part is closed form.
+
 Measured against Gibbs (``benchmarks/spam_selection.py``): see the README, section "VB against
-MCMC".
+MCMC"; with the hyperprior, ``benchmarks/selection_hyperprior.py``.
 """
 
 from __future__ import annotations
@@ -71,7 +80,7 @@ import warnings
 from typing import NamedTuple
 
 import numpy as np
-from scipy.special import expit, log_ndtr, logit
+from scipy.special import betaln, expit, log_expit, log_ndtr, logit
 
 from vbsvm.exceptions import ConvergenceWarning
 from vbsvm.inference.ep import (
@@ -89,8 +98,8 @@ from vbsvm.inference.ep import (
 from vbsvm.inference.threads import limit_blas
 from vbsvm.spd import spd_inverse
 
-__all__ = ["SpikeSlabTilted", "spike_slab_tilted", "SpikeSlabSites", "SpikeSlabEvidence", "corrected_inclusion",
-           "pair_corrected_inclusion", "fit_calibrated_selection"]
+__all__ = ["SpikeSlabTilted", "spike_slab_tilted", "SpikeSlabSites", "SpikeSlabEvidence", "SpikeSlabHyperEvidence",
+           "corrected_inclusion", "pair_corrected_inclusion", "fit_calibrated_selection", "beta_moment_match"]
 
 LOG_2PI = np.log(2.0 * np.pi)
 
@@ -269,6 +278,79 @@ class SpikeSlabEvidence(_Evidence):
         m = self.model
         grad[0] = float(np.sum(up - down)) / (2.0 * self.H) - m.A + m.B * np.exp(-eta[0])
         return grad
+
+
+class SpikeSlabHyperEvidence(SpikeSlabEvidence):
+    r"""``log p~(eta | y)`` of the Laplace-zero model with ``rho ~ Beta(a, b)``: ``eta`` gains the
+    coordinate ``x = logit(rho)`` right after the log variances (before the log-Cholesky
+    coordinates of covariances, so that :class:`~vbsvm.inference.ep.GridPosterior` counts it with
+    the log variances and reads the covariances where they were).
+
+    The density adds the prior of ``x``, the Beta density times the Jacobian
+    :math:`\rho(1 - \rho)`: :math:`a\log\rho + b\log(1 - \rho) - \log B(a, b)`. At an EP fixed
+    point the derivative of :math:`\log Z_{EP}` in ``x`` is that of the prior sites' log
+    normalizers with the cavities held fixed (as for :math:`\sigma_u`):
+    :math:`\partial \log Z_k/\partial x = \rho(1-\rho)(Z_{1,k} - Z_{0,k})/Z_k = \pi_k - \rho`, so the
+    gradient is :math:`a + \sum_k \pi_k - (a + b + m)\rho`, zero at the EM update
+    :math:`\rho = (a + \sum_k \pi_k)/(a + b + m)` (:meth:`em_start`).
+
+    Parameters
+    ----------
+    selection : vbsvm.models.selection.LaplaceZeroModel
+        With a hyperprior (``selection.rho_prior = (a, b)``).
+    options : dict
+        Options of :func:`vbsvm.inference.ep.expectation_propagation`.
+    """
+
+    def __init__(self, selection, options):
+        super().__init__(selection, options)
+        self.a, self.b = selection.rho_prior
+        #: position of logit(rho) in eta
+        self.r = len(self.sizes)
+
+    @property
+    def n_variances(self) -> int:
+        return super().n_variances + 1
+
+    def covariances_at(self, eta) -> list:
+        return super().covariances_at(np.delete(np.asarray(eta, dtype=float), self.r))
+
+    def _cov_coordinates(self, eta):
+        yield from super()._cov_coordinates(np.delete(np.asarray(eta, dtype=float), self.r))
+
+    def log_prior_rho(self, x) -> float:
+        """Log density of ``x = logit(rho)`` under ``rho ~ Beta(a, b)``."""
+        return float(self.a * log_expit(x) + self.b * log_expit(-x) - betaln(self.a, self.b))
+
+    def run(self, eta, sites=None):
+        """As :meth:`SpikeSlabEvidence.run`, with the prior of ``logit(rho)`` in the density."""
+        lp, grad, res = super().run(eta, sites)
+        return lp + self.log_prior_rho(float(np.asarray(eta)[self.r])), grad, res
+
+    def prior(self, eta):
+        x = float(np.asarray(eta)[self.r])
+        return SpikeSlabSites(self.selection.sel, log_expit(x), log_expit(-x), float(np.exp(0.5 * eta[0])))
+
+    def em_start(self, eta, res):
+        """As :meth:`SpikeSlabEvidence.em_start`, and ``rho = (a + sum_k pi_k) / (a + b + m)``."""
+        new = super().em_start(eta, res)
+        rho = (self.a + float(np.sum(res.tilted.p_include))) / (self.a + self.b + self.selection.m)
+        return np.insert(new, self.r, logit(rho))
+
+    def gradient(self, eta, res):
+        grad = super().gradient(eta, res)
+        cm, cv = res.prior_cavity
+        p_include = self.prior(eta).tilted(cm, cv).p_include
+        rho = float(expit(np.asarray(eta)[self.r]))
+        return np.insert(grad, self.r, self.a + float(np.sum(p_include)) - (self.a + self.b + self.selection.m) * rho)
+
+
+def beta_moment_match(mean, sd):
+    """Shapes ``(a, b)`` of the Beta distribution with this mean and sd (the sd capped below the
+    largest a Beta of that mean can have, ``sqrt(mean (1 - mean))``)."""
+    var = min(float(sd) ** 2, 0.999 * mean * (1.0 - mean))
+    total = mean * (1.0 - mean) / max(var, 1e-300) - 1.0
+    return mean * total, (1.0 - mean) * total
 
 
 #: Points (cavity sds around the cavity mean) at which the corrected slab is evaluated.
@@ -464,6 +546,20 @@ def pair_corrected_inclusion(fit, model, prior, z=PAIR_Z):
     return p, slab_mean, slab_var
 
 
+def _rho_posterior(grid, r) -> dict:
+    """Posterior mean and sd of rho from a grid whose coordinate ``r`` is ``logit(rho)`` (the grid
+    rule on its points; with CCD the moments of 20,000 draws of its split normal, as the
+    variances'), and the Beta with those moments (``q_rho``)."""
+    if grid.split_scales is None:
+        rho, w = expit(grid.eta[:, r]), grid.weights
+    else:
+        draws = grid.sample_eta(np.zeros(20_000, dtype=int), np.random.default_rng(0))
+        rho, w = expit(draws[:, r]), np.full(len(draws), 1.0 / len(draws))
+    mean = float(w @ rho)
+    sd = float(np.sqrt(max(w @ (rho * rho) - mean * mean, 0.0)))
+    return {"rho_mean": mean, "rho_sd": sd, "q_rho": np.array(beta_moment_match(mean, sd))}
+
+
 def fit_calibrated_selection(model, settings=None) -> dict:
     """EP for the Laplace-zero model integrated over its variances, in the spike-and-slab form of
     the mean-field fit (standardized scale).
@@ -489,11 +585,14 @@ def fit_calibrated_selection(model, settings=None) -> dict:
         ``sigma2_mean``, ``sigma2_sd``; the grid (``grid_eta``, ``grid_weights``,
         ``grid_log_density``, ``grid_step``, ``grid_p_include``); ``log_evidence``; ``info``; with
         random slopes ``cov_draws`` (chains, draws, sum q^2) and ``theta_cov_ss_blocks`` (m, q, q)
-        of the eliminated term.
+        of the eliminated term; under a hyperprior on rho its posterior ``rho_mean``, ``rho_sd``
+        and ``q_rho``, the shapes of the Beta with those moments (``grid_eta[:, K]`` is
+        ``logit(rho)``, K the number of variances).
     """
     settings = settings or {}
     start = time.perf_counter()
     base = model.base
+    hyper = getattr(model, "rho_prior", None) is not None  # rho ~ Beta(a, b): logit(rho) joins the grid
     with limit_blas(getattr(model, "blas_work", 0.0)):
         grid = integrate_variances(base, dz=settings.get("ep_dz", SELECTION_DZ),
                                    drop=settings.get("ep_drop", SELECTION_DROP),
@@ -501,7 +600,9 @@ def fit_calibrated_selection(model, settings=None) -> dict:
                                    max_sweeps=settings.get("ep_max_sweeps", SELECTION_MAX_SWEEPS),
                                    anneal_after=settings.get("ep_anneal_after", SELECTION_ANNEAL_AFTER),
                                    mode_sd_tol=0.25, warn_unconverged=False,
-                                   evidence=lambda _, options: SpikeSlabEvidence(model, options))
+                                   strategy=settings.get("ep_strategy", "auto"),
+                                   evidence=lambda _, options: (SpikeSlabEvidence if not hyper
+                                                                else SpikeSlabHyperEvidence)(model, options))
     stuck = sum(wk for wk, f in zip(grid.weights, grid.fits) if f.annealed or not f.converged)
     if stuck > 0.05:
         warnings.warn(f"EP for the Laplace-zero prior did not reach a fixed point at variance values carrying "
@@ -519,11 +620,13 @@ def fit_calibrated_selection(model, settings=None) -> dict:
     correct = settings.get("ep_correct", base.n <= EP_CORRECT_MAX_N)
     pairs = settings.get("ep_correct_pairs", base.n * model.sel.size * PAIR_Z.size ** 2 <= PAIR_CORRECT_MAX_EVALUATIONS)
     correction = "none" if not correct else ("pairwise" if pairs and model.sel.size > 1 else "single-term")
+    n_var = len(base.variance_components)  # under a hyperprior eta[:, n_var] is logit(rho)
     if correct:  # at the heaviest grid point; carried to the others as a shift of the logit and of the slab
         g = int(np.argmax(w))
+        odds = (log_expit(grid.eta[g, n_var]), log_expit(-grid.eta[g, n_var])) if hyper else (model.log_rho,
+                                                                                               model.log_1mrho)
         pc, mc, vc = (pair_corrected_inclusion if correction == "pairwise" else corrected_inclusion)(
-            grid.fits[g], base, SpikeSlabSites(model.sel, model.log_rho, model.log_1mrho,
-                                               float(np.exp(0.5 * grid.eta[g, 0]))))
+            grid.fits[g], base, SpikeSlabSites(model.sel, *odds, float(np.exp(0.5 * grid.eta[g, 0]))))
         with np.errstate(divide="ignore"):
             shift = logit(np.clip(pc, 1e-300, 1 - 1e-16)) - logit(np.clip(p[g], 1e-300, 1 - 1e-16))
         p = expit(logit(np.clip(p, 1e-300, 1 - 1e-16)) + shift)
@@ -543,8 +646,11 @@ def fit_calibrated_selection(model, settings=None) -> dict:
     cov_ds = cov_ds * ratio[:, None]
     var[: base.qd] = np.diag(cov_d)
     s2_mean, s2_sd = grid.sigma2_moments()
-    shape, scale = inverse_gamma_match(s2_mean, s2_sd)
     extra = {}
+    if hyper:  # the grid counts logit(rho) with the log variances: its "variance" is the odds
+        s2_mean, s2_sd = s2_mean[:n_var], s2_sd[:n_var]
+        extra.update(_rho_posterior(grid, n_var))
+    shape, scale = inverse_gamma_match(s2_mean, s2_sd)
     if grid.cov_dims:
         chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
         rng = np.random.default_rng(settings.get("draw_seed", settings.get("seed")))

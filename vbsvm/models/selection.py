@@ -148,6 +148,22 @@ VB: the imputation q first, then this section's Algorithm 3 on completions drawn
 by :func:`~vbsvm.inference.pooled.pooled_vb_cut` (inclusion probabilities, :math:`E[b_k]` and
 :math:`\chi` averaged, :math:`q(\theta)` and the variances moment-matched).
 
+Hyperprior on rho (``LaplaceZero(rho=vbsvm.Beta(a, b))``; the default is ``Beta(1, m^2)``, see
+:mod:`vbsvm.models.priors`). Then :math:`\gamma_k \mid \rho \sim \mathrm{Bernoulli}(\rho)` iid and
+:math:`\rho \sim \mathrm{Beta}(a, b)`; rho enters nothing but the indicators' prior, so
+
+.. math::
+
+    \rho \mid \text{rest} \sim \mathrm{Beta}(a + |\gamma|,\, b + m - |\gamma|),
+
+the conjugate step that ends each Gibbs sweep (:meth:`LaplaceZeroModel.draw_rho`; the draw is the
+state's ``"rho"``, recorded as ``rho_draws``). Every move of the indicators uses the current draw
+(:meth:`LaplaceZeroModel.prior_odds`): the collapsed indicator draws (``logit rho``), the add/delete
+moves (``(1 - rho) / rho``) and the model jumps (``rho^|A| (1 - rho)^(m - |A|)``), each exact for the
+posterior given rho; the swaps keep the model size, so rho cancels from their ratio. The mean field
+has a factor ``q(rho)`` (:mod:`vbsvm.models.selection_vb`), the calibrated fit integrates
+``logit(rho)`` with the variances (:mod:`vbsvm.inference.ep_selection`).
+
 Mixing of the Gibbs sampler. Single-site updates of the indicators given their coefficients mix
 slowly when predictors are correlated (the paper ran 50k + 50k draws). Each sweep therefore adds
 to Appendix B, all exact for the same posterior: the collapsed indicator draw above (every
@@ -172,8 +188,8 @@ from vbsvm.mcmc.model_jumps import ModelJumpTuner
 from vbsvm.models import hinge
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.linear_algebra import WorkingGram
-from vbsvm.models.priors import LaplaceZero
-from vbsvm.models.selection_algebra import Gram, SelectionPosterior, SlopeSelectionPosterior
+from vbsvm.models.priors import Beta, LaplaceZero
+from vbsvm.models.selection_algebra import Gram, PriorOdds, SelectionPosterior, SlopeSelectionPosterior
 from vbsvm.models.selection_gibbs import SelectionGibbs
 from vbsvm.models.selection_jumps import SelectionJumps
 from vbsvm.models.selection_vb import SelectionVB
@@ -197,8 +213,9 @@ class LaplaceZeroModel(SelectionVB, SelectionGibbs, SelectionJumps):
         with slopes with an inverse-Wishart covariance.
     select : ndarray of bool (p,)
         Columns of ``X`` under the Laplace-zero prior; the others get ``N(0, sigma2_beta)``.
-    rho : float
-        Prior inclusion probability, in (0, 1).
+    rho : float or vbsvm.Beta
+        Prior inclusion probability, in (0, 1), or its ``Beta(a, b)`` hyperprior (see *Hyperprior
+        on rho* in the module docstring).
     sigma2_beta, A, B : float
         Prior hyperparameters.
     re_df, re_scale : float and (q, q) array, optional
@@ -210,6 +227,9 @@ class LaplaceZeroModel(SelectionVB, SelectionGibbs, SelectionJumps):
         Column of ``X`` holding the intercept (always included): with random intercepts the
         Gibbs sweep then trades a common shift between it and the levels.
     """
+
+    #: ``(a, b)`` of the Beta hyperprior of rho, or None for a fixed rho (:meth:`set_rho`)
+    rho_prior = None
 
     def __init__(self, X, y, groups, select, rho, sigma2_beta=1e8, A=0.01, B=0.01, re_df=None, re_scale=None,
                  base=None, intercept=None):
@@ -258,14 +278,41 @@ class LaplaceZeroModel(SelectionVB, SelectionGibbs, SelectionJumps):
         self._cross_products = X.T @ X
 
     def set_rho(self, rho):
-        """Change the prior inclusion probability (used by the ``rho="auto"`` grid)."""
+        """Fix the prior inclusion probability (a number in (0, 1); the ``rho="auto"`` grid sets
+        each of its values), or give it a hyperprior (a :class:`~vbsvm.models.priors.Beta`).
+
+        With a fixed ``rho`` the attributes ``rho``, ``logit_rho``, ``log_rho``, ``log_1mrho``
+        hold it; with a hyperprior ``rho_prior = (a, b)`` and those attributes are NaN: every
+        use reads the current value instead (:meth:`prior_odds`).
+        """
+        if isinstance(rho, Beta):
+            self.rho_prior = rho.shapes(self.m)
+            self.rho = self.logit_rho = self.log_rho = self.log_1mrho = math.nan
+            return
         rho = float(rho)
         if not 0.0 < rho < 1.0:
             raise ValueError("rho must lie in (0, 1)")
+        self.rho_prior = None
         self.rho = rho
         self.logit_rho = math.log(rho) - math.log1p(-rho)
         self.log_rho = math.log(rho)
         self.log_1mrho = math.log1p(-rho)
+
+    @property
+    def hyperprior(self) -> bool:
+        """True when ``rho ~ Beta(a, b)`` is inferred rather than fixed."""
+        return self.rho_prior is not None
+
+    def prior_odds(self, rho=None) -> PriorOdds:
+        """``(log rho, log(1 - rho), logit rho)`` of the fixed ``rho``, or of the current value
+        ``rho`` (a number, e.g. the Gibbs state's draw) under a hyperprior."""
+        if rho is None:
+            if self.rho_prior is not None:
+                raise ValueError("rho has a hyperprior: pass its current value")
+            return PriorOdds(self.log_rho, self.log_1mrho, self.logit_rho)
+        rho = float(rho)
+        log_rho, log_1mrho = math.log(rho), math.log1p(-rho)
+        return PriorOdds(log_rho, log_1mrho, log_rho - log_1mrho)
 
     # ------------------------------------------------------------------ shared algebra
     def gram(self, w) -> Gram:
@@ -332,7 +379,7 @@ class LaplaceZeroModel(SelectionVB, SelectionGibbs, SelectionJumps):
 
 def selection_setup(design, settings, prior):
     """Check a Laplace-zero fit's arguments; returns the selectable columns and ``rho`` (a number,
-    or ``"auto"``).
+    a :class:`~vbsvm.models.priors.Beta` hyperprior, or ``"auto"``).
 
     Raises
     ------

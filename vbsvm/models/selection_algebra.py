@@ -46,6 +46,15 @@ class IndicatorDraw(NamedTuple):
     coupling: np.ndarray
 
 
+class PriorOdds(NamedTuple):
+    """The prior inclusion probability ``rho`` as the moves use it: ``log rho``, ``log(1 - rho)``
+    and ``logit rho`` (:meth:`LaplaceZeroModel.prior_odds`)."""
+
+    log_rho: float
+    log_1mrho: float
+    logit_rho: float
+
+
 def expit_scalar(x: float) -> float:
     """expit of a Python float without overflow."""
     if x >= 0:

@@ -19,7 +19,9 @@ class SelectionGibbs:
     """The Gibbs sweep of :class:`~vbsvm.models.selection.LaplaceZeroModel`."""
 
     def gibbs_initial_state(self, rng):
-        return {"w": np.ones(self.n), "gamma": np.ones(self.m), "b": np.ones(self.m),
+        """w = 1, every term in, b = 1, unit variances; under a hyperprior rho at its prior mean."""
+        start = {} if self.rho_prior is None else {"rho": np.array(self.rho_prior[0] / sum(self.rho_prior))}
+        return {**start, "w": np.ones(self.n), "gamma": np.ones(self.m), "b": np.ones(self.m),
                 "sigma2": np.ones(len(self.vcomps)), "Lam": [np.eye(c.index.shape[1]) for c in self.covs],
                 "flip_on": np.array(0.0), "flip_n": np.array(0.0), "flip_sum": np.zeros(self.m),
                 "flip_sq": np.zeros(self.m), "flip_loc": np.zeros(self.m), "flip_scale": np.ones(self.m),
@@ -28,7 +30,7 @@ class SelectionGibbs:
                 "flip_shift": np.zeros((self.m, self.qd)), **self._jumps.initial_state(),
                 **(self.base._exponents.initial_state() if self.base._levels else {})}
 
-    def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None):
+    def collapsed_indicators(self, gram, gamma_sel, tau, covariance_precisions=(), rng=None, odds=None):
         r"""Draw the indicators one at a time with every coefficient integrated out given w.
 
         Given w the working likelihood is Gaussian in theta, so for an active set ``A`` of dense
@@ -49,6 +51,8 @@ class SelectionGibbs:
         Unlike a draw of ``gamma_k`` given the coefficients, the other coefficients do not hold
         the fit they had with or without term k, so correlated terms can enter and leave.
         theta must be drawn given the new indicators right after (partially collapsed Gibbs).
+        ``odds`` (:class:`~vbsvm.models.selection_algebra.PriorOdds`) is the current ``rho``
+        (default: the fixed one).
 
         Returns
         -------
@@ -60,6 +64,7 @@ class SelectionGibbs:
             proposals of :meth:`flip_moves` to).
         """
         qd = self.qd
+        logit_rho = (self.prior_odds() if odds is None else odds).logit_rho
         full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
         R = full.L @ full.L.T
         h = R @ full.mean_dense
@@ -89,7 +94,7 @@ class SelectionGibbs:
                 s_k = R[k, k] - R[:, k] @ u
                 c_k = h[k] - u @ h
                 coupling[i] = u
-            logits[i] = self.logit_rho + 0.5 * (math.log(tau[k]) - math.log(s_k)) + 0.5 * c_k * c_k / s_k
+            logits[i] = logit_rho + 0.5 * (math.log(tau[k]) - math.log(s_k)) + 0.5 * c_k * c_k / s_k
             cmean[i], cvar[i] = c_k / s_k, 1.0 / s_k
             if thresholds is None:
                 continue
@@ -244,6 +249,19 @@ class SelectionGibbs:
         theta[self.sel[out]] = np.sqrt(sigma2[0] / b[out]) * rng.standard_normal(out.size)
         return theta, b, sigma2
 
+    def rho_conditional(self, gamma):
+        """Shapes of the full conditional of rho under its hyperprior: ``rho | gamma, rest ~
+        Beta(a + |gamma|, b + m - |gamma|)`` (rho enters nothing else: the beta-binomial
+        conjugate step)."""
+        a, b = self.rho_prior
+        k = float(np.sum(gamma))
+        return a + k, b + (self.m - k)
+
+    def draw_rho(self, gamma, rng):
+        """A draw of :meth:`rho_conditional` (a 0-d array, as the state stores it)."""
+        a, b = self.rho_conditional(gamma)
+        return np.array(rng.beta(a, b))
+
     def mixing_conditional(self, v, sigma2_u) -> InverseGaussian:
         """Full conditional of the Laplace mixing variables, ``b_k | v_k, sigma_u ~
         InverseGaussian(sigma_u / |v_k|, 1)`` (prior ``b_k ~ IG(1, 1/2)``, ``v_k | b_k ~
@@ -291,11 +309,15 @@ class SelectionGibbs:
         :meth:`swap_moves`); add/delete of each term (marginal, after tuning's first half, see
         :meth:`flip_moves`); jumps between listed models (after tuning, see :meth:`model_jumps`);
         w | f; the included terms' b | v, sigma_u; then sigma_u^2 with the excluded terms'
-        (v, b) and the other variances (:meth:`scale_and_excluded_terms`)."""
+        (v, b) and the other variances (:meth:`scale_and_excluded_terms`); the covariances;
+        last, under a hyperprior, ``rho | gamma`` (:meth:`draw_rho`). Every move of the
+        indicators is exact for the posterior given the current ``rho`` (the state's ``"rho"``),
+        which the conjugate step then updates."""
         gram = self.gram(state["w"])
         tau = self.prior_precision(1.0 / state["sigma2"], state["b"])
         Lam = state.get("Lam", ())
-        draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng)
+        odds = self.prior_odds(state["rho"] if self.rho_prior is not None else None)
+        draw = self.collapsed_indicators(gram, state["gamma"], tau, Lam, rng, odds=odds)
         gamma = draw.gamma
         theta = self.posterior(gram, self.scaling(gamma), tau, Lam).sample(rng)
         theta, f, sigma2 = self.random_effect_moves(theta, gamma, state["sigma2"], Lam, rng,
@@ -304,10 +326,10 @@ class SelectionGibbs:
         theta, gamma, b, f = self.swap_moves(theta, gamma, np.asarray(state["b"], dtype=float), f, rng)
         flips = {k: v for k, v in state.items() if k.startswith("flip_")}
         if flips and flips["flip_on"]:
-            theta, gamma, f = self.flip_moves(theta, gamma, b, sigma2, f, flips, rng)
+            theta, gamma, f = self.flip_moves(theta, gamma, b, sigma2, f, flips, rng, odds=odds)
         jumps = ModelJumpTuner.carry(state)
         if jumps and jumps["jump_models"].shape[0]:
-            theta, gamma, sigma2, f = self.model_jumps(theta, gamma, sigma2, f, jumps, rng)
+            theta, gamma, sigma2, f = self.model_jumps(theta, gamma, sigma2, f, jumps, rng, odds=odds)
         u = self.effective(theta, gamma)
         w = hinge.sample_inverse(self.y, f, rng)
         theta, b, sigma2 = self.scale_and_excluded_terms(theta, gamma, sigma2[0], rng)
@@ -315,7 +337,8 @@ class SelectionGibbs:
         Sigmas = [qc.sample(rng) for qc in self.base.covariance_posteriors(self.base.scatter_matrices(theta))]
         if flips:
             flips.update(flip_cmean=draw.mean, flip_cvar=draw.var, flip_coupling=draw.coupling)
-        return {"w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
+        hyper = {} if self.rho_prior is None else {"rho": self.draw_rho(gamma, rng)}
+        return {**hyper, "w": w, "gamma": gamma, "b": b, "sigma2": sigma2, "theta": theta, "u": u,
                 "Lam": [spd_inverse(S) for S in Sigmas],
                 "cov": np.concatenate([S.ravel() for S in Sigmas]) if Sigmas else np.zeros(0),
                 "log_pseudo_likelihood": -2.0 * np.maximum(0.0, 1.0 - self.y * f).sum(), **flips, **jumps,

@@ -15,7 +15,7 @@ from vbsvm.models.selection_algebra import LOG_2
 class SelectionJumps:
     """Flip and model-jump moves of :class:`~vbsvm.models.selection.LaplaceZeroModel`."""
 
-    def flip_moves(self, theta, gamma, b, sigma2, f, flips, rng):
+    def flip_moves(self, theta, gamma, b, sigma2, f, flips, rng, odds=None):
         r"""Metropolis-Hastings add/delete of every selectable term on the marginal
         pseudo-posterior (augmentation weights integrated out); ``m`` proposals in random order.
 
@@ -38,8 +38,10 @@ class SelectionJumps:
         the new ``v_k`` cancels with its proposal; adding is the inverse). Given w the collapsed
         indicator draw (:meth:`collapsed_indicators`) already integrates the coefficients out,
         but w itself holds the fit with or without the term; this move does not condition on w.
-        Returns ``(theta, gamma, f)``; w must be drawn afresh after it.
+        ``odds`` (:class:`~vbsvm.models.selection_algebra.PriorOdds`) is the current ``rho``
+        (default: the fixed one). Returns ``(theta, gamma, f)``; w must be drawn afresh after it.
         """
+        odds = self.prior_odds() if odds is None else odds
         theta, gamma = theta.copy(), gamma.copy()
         X, y, sel, p = self.base.Cd, self.y, self.sel, self.base.p
         loc, scale, shift = flips["flip_loc"], flips["flip_scale"], flips["flip_shift"]
@@ -50,7 +52,7 @@ class SelectionJumps:
         log_u = np.log(rng.random(self.m))
         v = np.where(gamma == 1.0, theta[sel], v_in)  # the coefficient of the included state
         # the deletion's ratio besides L and the shifted coefficients' prior (adding: its inverse)
-        log_delete = self.flip_proposal_log_ratio(v, loc, scale, prior_sd) + self.log_1mrho - self.log_rho
+        log_delete = self.flip_proposal_log_ratio(v, loc, scale, prior_sd) + odds.log_1mrho - odds.log_rho
         active = np.ones(p, dtype=bool)
         hinge_sum = float(np.maximum(0.0, 1.0 - y * f).sum())
         for i in rng.permutation(self.m).tolist():
@@ -76,7 +78,7 @@ class SelectionJumps:
         its prior (see :meth:`flip_moves`)."""
         return stats.t.logpdf(v, self.FLIP_DF, loc=loc, scale=scale) - stats.norm.logpdf(v, scale=prior_sd)
 
-    def model_jumps(self, theta, gamma, sigma2, f, jumps, rng):
+    def model_jumps(self, theta, gamma, sigma2, f, jumps, rng, odds=None):
         r"""Metropolis-Hastings jumps between the models of the chain's list
         (:class:`~vbsvm.mcmc.model_jumps.ModelJumpTuner`); ``JUMPS_PER_SWEEP`` proposals.
 
@@ -107,12 +109,14 @@ class SelectionJumps:
         before anything else uses it: w given the scores, b given the coefficients and
         ``sigma_u`` (then ``sigma_u^2`` and the excluded pairs, as always:
         :meth:`scale_and_excluded_terms`). The random effects and other variances are not
-        moved. Returns ``(theta, gamma, sigma2, f)``.
+        moved. ``odds`` is the current ``rho`` (default: the fixed one), held fixed by the jumps.
+        Returns ``(theta, gamma, sigma2, f)``.
 
         breast_cancer with ``LaplaceZero(rho=0.01)``, 4 x 2000 after 1000: max R-hat over the
         indicators with a posterior mean in (0.01, 0.99) 1.34 without the jumps (seed 1); see
         the README for the measurements with them.
         """
+        odds = self.prior_odds() if odds is None else odds
         tuner, models = self._jumps, jumps["jump_models"]
         n_models = models.shape[0]
         theta, sigma2 = theta.copy(), np.array(sigma2, dtype=float, copy=True)
@@ -130,16 +134,17 @@ class SelectionJumps:
             old_cols, new_cols = sel[gamma == 1.0], sel[gamma_new == 1.0]
             f_new = (f + X[:, fixed] @ (x_new[:nf] - x[:nf]) + X[:, new_cols] @ x_new[nf:-1]
                      - X[:, old_cols] @ x[nf:-1])
-            log_ratio = (self._jump_log_target(x_new, f_new) - self._jump_log_target(x, f)
+            log_ratio = (self._jump_log_target(x_new, f_new, odds) - self._jump_log_target(x, f, odds)
                          + tuner.log_density(jumps, k, x) - tuner.log_density(jumps, k_new, x_new))
             if math.log(rng.random()) < log_ratio:
                 theta[fixed], theta[new_cols] = x_new[:nf], x_new[nf:-1]
                 gamma, f, sigma2[0] = gamma_new.copy(), f_new, math.exp(x_new[-1])
         return theta, gamma, sigma2, f
 
-    def _jump_log_target(self, x, f) -> float:
+    def _jump_log_target(self, x, f, odds=None) -> float:
         """``log pi(x, M)`` of :meth:`model_jumps` (up to a constant), ``x = (beta_fixed, v_A,
-        eta)`` and ``f`` the scores."""
+        eta)``, ``f`` the scores and ``odds`` the current ``rho`` (default: the fixed one)."""
+        odds = self.prior_odds() if odds is None else odds
         nf = self.fixed_index.size
         beta, v, eta = x[:nf], x[nf:-1], x[-1]
         if not LOG_DRAW_RANGE[0] <= eta <= LOG_DRAW_RANGE[1]:
@@ -149,4 +154,4 @@ class SelectionJumps:
         k = v.size
         return float(-2.0 * np.maximum(0.0, 1.0 - self.y * f).sum() - 0.5 * np.sum(self.fixed_tau * beta * beta)
                      - k * (LOG_2 + 0.5 * eta) - np.abs(v).sum() * math.exp(-0.5 * eta)
-                     + k * self.log_rho + (self.m - k) * self.log_1mrho - self.A * eta - self.B * math.exp(-eta))
+                     + k * odds.log_rho + (self.m - k) * odds.log_1mrho - self.A * eta - self.B * math.exp(-eta))

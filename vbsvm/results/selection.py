@@ -24,8 +24,10 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from scipy import stats
+
 from vbsvm.exceptions import InputError
-from vbsvm.results.fit import Fit
+from vbsvm.results.fit import Fit, interval_names
 from vbsvm.results.imputed import ImputedFit
 from vbsvm.results.plots import plot_inclusion
 from vbsvm.results.summary import beside_or_below
@@ -36,8 +38,8 @@ __all__ = ["SelectionFit"]
 class SelectionFit(Fit):
     """A linear Bayesian SVM with the Laplace-zero prior (see :func:`vbsvm.svm` with ``prior=``).
 
-    Use :meth:`inclusion`, :meth:`plot_inclusion`, :attr:`rho`, :attr:`rho_curve` besides the
-    methods of :class:`~vbsvm.results.fit.Fit`.
+    Use :meth:`inclusion`, :meth:`plot_inclusion`, :attr:`rho`, :meth:`rho_posterior`,
+    :attr:`rho_curve` besides the methods of :class:`~vbsvm.results.fit.Fit`.
     """
 
     # ------------------------------------------------------------------ selection basics
@@ -53,8 +55,49 @@ class SelectionFit(Fit):
 
     @property
     def rho(self) -> float:
-        """The prior inclusion probability used (the chosen one for ``rho="auto"``)."""
+        """The prior inclusion probability used (the chosen one for ``rho="auto"``); under a
+        ``Beta(a, b)`` hyperprior its posterior mean (NaN where the fit keeps no posterior of
+        rho: ``missing="impute"``)."""
         return float(self.info["rho"])
+
+    @property
+    def rho_prior(self):
+        """``(a, b)`` of the Beta hyperprior of rho, or None for a fixed rho."""
+        shapes = self.info.get("rho_prior")
+        return None if shapes is None else tuple(float(x) for x in shapes)
+
+    def rho_draws(self):
+        """Draws of rho under its hyperprior, shape ``(chains, draws)``: Gibbs' draws, or for VB iid
+        draws from ``q(rho) = Beta(q_rho)`` (the mean field's factor; for the calibrated fit the
+        Beta with the grid posterior's mean and sd). None for a fixed rho."""
+        P = self.posterior
+        if "rho_draws" in P:
+            return np.asarray(P["rho_draws"], dtype=float)
+        if "q_rho" not in P:
+            return None
+        seed = self.settings.get("draw_seed", self.settings.get("seed"))
+        rng = np.random.default_rng(None if seed is None else [int(seed), 2])  # a stream of its own
+        a, b = np.asarray(P["q_rho"], dtype=float)
+        return rng.beta(a, b, size=self._post.shape)
+
+    def rho_posterior(self, level=None) -> pd.DataFrame | None:
+        """Posterior of rho under its hyperprior: one row ``rho`` with ``mean``, ``sd`` and an
+        equal-tailed interval (Gibbs: of the draws; VB: of ``q(rho)``, see :meth:`rho_draws`).
+        None for a fixed rho."""
+        P = self.posterior
+        if "rho_draws" not in P and "q_rho" not in P:
+            return None
+        level = self._level(level)
+        lo_name, hi_name = interval_names(level)
+        probs = [(1 - level) / 2, 1 - (1 - level) / 2]
+        if "rho_draws" in P:
+            d = np.asarray(P["rho_draws"], dtype=float).ravel()
+            mean, sd, (lo, hi) = d.mean(), d.std(ddof=1), np.quantile(d, probs)
+        else:
+            q = stats.beta(*np.asarray(P["q_rho"], dtype=float))
+            mean, sd, (lo, hi) = q.mean(), q.std(), q.ppf(probs)
+        return pd.DataFrame({"mean": [mean], "sd": [sd], lo_name: [lo], hi_name: [hi]},
+                            index=pd.Index(["rho"], name="parameter"))
 
     @property
     def rho_curve(self) -> pd.DataFrame | None:
@@ -129,8 +172,7 @@ class SelectionFit(Fit):
         matplotlib.figure.Figure
         """
 
-        kwargs.setdefault("title", f"Inclusion probabilities ({self._post.label}, "
-                                   f"rho = {self.rho:g})")
+        kwargs.setdefault("title", f"Inclusion probabilities ({self._post.label}, {self._rho_text('g')})")
         return plot_inclusion(self.inclusion(), ax=ax, positive_label=str(self.design.positive_level), **kwargs)
 
     # ------------------------------------------------------------------ marginals
@@ -146,6 +188,9 @@ class SelectionFit(Fit):
         gamma = self.gamma_draws()
         ds["gamma"] = xr.DataArray(gamma, dims=("chain", "draw", "coef_selectable"),
                                    coords={"coef_selectable": self.selectable})
+        rho = self.rho_draws()
+        if rho is not None:
+            ds["rho"] = xr.DataArray(rho, dims=("chain", "draw"))
         return ds
 
     def to_arviz(self, log_likelihood=True):
@@ -161,14 +206,23 @@ class SelectionFit(Fit):
         post = dt["posterior"]
         post.attrs["prior"] = "Laplace-zero: u_k = gamma_k v_k, v_k ~ Laplace(0, sigma_u), gamma_k ~ Bernoulli(rho)"
         post.attrs["rho"] = self.rho
+        if self.rho_prior is not None:
+            post.attrs["rho_prior"] = "rho ~ Beta({:g}, {:g}); attribute rho: its posterior mean".format(*self.rho_prior)
         return dt
 
     def _description_lines(self) -> list:
         """``repr(fit)``: the prior and the median probability model."""
         chosen = ", ".join(self.selected) or "none"
         return super()._description_lines() + [
-            f"Laplace-zero prior, rho = {self.rho:.4g}: {len(self.selected)} of {len(self.sel_index)} terms "
+            f"Laplace-zero prior, {self._rho_text()}: {len(self.selected)} of {len(self.sel_index)} terms "
             f"selected (p_include > 0.5): {chosen}"]
+
+    def _rho_text(self, fmt=".4g") -> str:
+        """``rho = 0.01``, or ``rho ~ Beta(1, 1), posterior mean 0.21``."""
+        if self.rho_prior is None:
+            return f"rho = {self.rho:{fmt}}"
+        text = "rho ~ Beta({:g}, {:g})".format(*self.rho_prior)
+        return text + (f", posterior mean {self.rho:.3g}" if np.isfinite(self.rho) else " (integrated)")
 
     # ------------------------------------------------------------------ summary
     def prior_description(self):
@@ -196,6 +250,9 @@ class SelectionFit(Fit):
             tables += beside_or_below(inc, diag, title, "Sampler diagnostics of the inclusion indicators")
         if self.rho_curve is not None:
             tables.append(("rho chosen by the ELBO of the mean-field VB fit on the grid", self.rho_curve.set_index("rho")))
+        rho = self.rho_posterior(level)
+        if rho is not None:
+            tables.append(("Prior inclusion probability, rho ~ Beta({:g}, {:g})".format(*self.rho_prior), rho))
         return tables
 
     def diagnostics(self):
@@ -207,8 +264,8 @@ class SelectionFit(Fit):
     def _prior_text(self) -> str:
         s = self.settings
         m = len(self.sel_index)
-        return (f"Laplace-zero, rho = {self.rho:.4g} (expected size {self.rho * m:.3g} of {m}); "
-                f"sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})")
+        size = f"expected size {self.rho * m:.3g} of {m}" if np.isfinite(self.rho) else f"{m} terms"
+        return f"Laplace-zero, {self._rho_text()} ({size}); sigma2_u ~ IG({s['A_u']:g}, {s['B_u']:g})"
 
 
 class ImputedSelectionFit(SelectionFit, ImputedFit):
