@@ -1,6 +1,7 @@
 """The ``vbsvm`` command line: fit / compare / demo, help texts, and one-line errors with exit 2."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,17 @@ def test_prior_and_missing_are_passed_through(capsys, csv, monkeypatch):
     assert seen["penalty"] == 0.25
 
 
+def test_fit_output_of_a_selection_fit_fits_100_columns(capsys, tmp_path):
+    df = vbsvm.datasets.simulate_sparse(n=120, p=6, k=2, seed=1)
+    df = df.rename(columns={c: f"{c}_measured_at_the_first_visit" for c in df.columns if c != "y"})
+    df.to_csv(tmp_path / "wide.csv", index=False)
+    code, out, err = run(capsys, "fit", "y ~ .", tmp_path / "wide.csv", "--prior", "laplace-zero",
+                         "--method", "meanfield")
+    assert code == 0, err
+    assert "p_positive_if_included" in out and "median_model" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
 def test_library_feature_errors_are_one_line(capsys, csv, monkeypatch):
     """A library failure (e.g. a feature not built yet) is one line, not a traceback."""
     def broken(formula, data, **kwargs):
@@ -164,9 +176,13 @@ def test_demo_runs_and_reports_its_settings(capsys, tmp_path):
     code, out, err = run(capsys, "demo", "--chains", 2, "--draws", 300, "--tune", 100, "--density", png)
     assert code == 0, err
     assert "2 chains x 300 draws after 100 tuning draws" in out
-    for section in ("1. variational Bayes", "2. Gibbs sampling", "3. VB against Gibbs", "vb_accuracy",
-                    "beta[time:terbinafine]", "sigma2_patient_id", "Time: VB"):
+    for section in ("1. the fast approximation (vb)", "2. Gibbs sampling", "3. fast (vb) against Gibbs",
+                    "vb_accuracy", "beta[time:terbinafine]", "sigma2_patient_id", "Time: VB"):
         assert section in out
+    # the closing words quote the table: the largest distance of a mean, in Gibbs sds, and its parameter
+    table = re.search(r"within (\d+\.\d+) posterior sds of Gibbs' \(largest for (\S+)\)", out)
+    assert table and table.group(2) in out.split("Reading:")[0]
+    assert max(len(line) for line in out.splitlines()) <= 100
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 

@@ -109,6 +109,16 @@ def test_summary_formats(fits):
     assert "+1 = 1" in fits["vb"].summary().as_text()
 
 
+def test_summary_time_is_the_whole_fit(fits):
+    """The summary's time is the wall time of the whole svm() call (design, checks, inference,
+    calibration); the engine's share is kept apart."""
+    for fit in fits.values():
+        info = fit.info
+        assert 0 < info["inference_seconds"] <= info["seconds"]
+        line = next(x for x in fit.summary().as_text().splitlines() if "Time (s):" in x)
+        assert line.split("Time (s):")[1].split()[0] == f"{info['seconds']:.4f}"
+
+
 def test_to_arviz_layout(fits):
     for method, fit in fits.items():
         tree = fit.to_arviz()

@@ -130,7 +130,7 @@ from vbsvm.sources.dask_blocks import (
 )
 from vbsvm.sources.dask_frames import DesignSpec, import_dask, is_dask_frame, learn_design, tree_reduce
 
-__all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskDesign", "DaskLinearModel"]
+__all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskLinearModel"]
 
 
 class DaskLinearModel:

@@ -17,6 +17,8 @@ hyperparameters when ``optimize=True``.  ``y ~ . - 1`` (or ``bias=False``) remov
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 from scipy.linalg import cho_factor, cho_solve
@@ -64,7 +66,7 @@ VB_MAX_INDUCING_LEARN = 500
 # ---------------------------------------------------------------------------------------------
 def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=False,
               optimize_inducing=False, hyper_mask=None, hyper_maxiter=2,
-              accelerate=True) -> FitState:
+              accelerate=True, progress=False) -> FitState:
     """Batch VB of the sparse-GP SVM: :func:`vbsvm.inference.vb.coordinate_ascent` (SQUAREM
     accelerated, ELBO never decreasing) on :class:`vbsvm.models.gp.SparseGPSVM`.
 
@@ -82,6 +84,8 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
         Hyperparameter learning (see :class:`~vbsvm.models.gp.SparseGPSVM`).
     accelerate : bool
         SQUAREM extrapolation (False: plain coordinate ascent).
+    progress : bool
+        Show a progress bar of the sweeps.
 
     Returns
     -------
@@ -90,7 +94,7 @@ def fit_batch(blocks: InducingGP, X, y, *, max_iter=500, tol=1e-8, optimize=Fals
     theta0 = blocks.kernel.theta
     model = SparseGPSVM(blocks, X, y, optimize=optimize, optimize_inducing=optimize_inducing,
                         hyper_mask=hyper_mask, hyper_maxiter=hyper_maxiter)
-    res = coordinate_ascent(model, tol=tol, max_iter=max_iter, accelerate=accelerate)
+    res = coordinate_ascent(model, tol=tol, max_iter=max_iter, accelerate=accelerate, progress=progress)
     model.vb_finish(res.state)
     return FitState(q=res.q, blocks=blocks, elbo=res.elbo, elbo_iter=np.arange(res.elbo.size),
                     theta_trace=np.vstack([theta0, blocks.kernel.theta]), n_iter=res.n_sweeps,
@@ -216,7 +220,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             st = fit_batch(blocks, X, y, max_iter=max_iter or 500,
                            tol=tol or (1e-5 if optimize else 1e-8),
                            optimize=optimize, optimize_inducing=optimize_inducing,
-                           hyper_mask=mask)
+                           hyper_mask=mask, progress=progress)
         elif method == "svi":
             if dask_source:
                 src = X.batches(batch_size or 100, rng)
@@ -230,7 +234,8 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                 mon = (X[idx], y[idx])
             st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-3,
                          optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
-                         optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask)
+                         optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask,
+                         progress=progress)
         else:  # gibbs
             st = None
             if optimize:
@@ -324,9 +329,11 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
         SVI: variational steps per hyperparameter step, Adam rate (log scale).
     jitter : float
         Relative diagonal jitter of K_mm (raised automatically if needed).
-    draws, tune, chains, thin, progress : Gibbs settings (chains seeded from ``seed`` by
-        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept;
-        ``progress=True``, as in :func:`vbsvm.svm`, shows a tqdm bar, which only the samplers draw).
+    draws, tune, chains, thin : Gibbs settings (chains seeded from ``seed`` by
+        ``numpy.random.SeedSequence``; ``tune`` sweeps discarded; every ``thin``-th kept).
+    progress : bool
+        Show a progress bar with the time left (batch VB sweeps, SVI steps, or one bar over all
+        Gibbs chains), on a terminal or in a notebook only.
     n_jobs : int
         Gibbs: worker processes for the chains (results do not depend on it).
     max_draws : int, optional
@@ -347,6 +354,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
     -------
     GPFit
     """
+    start = time.perf_counter()
 
     if is_dask_frame(data):
 
@@ -380,7 +388,7 @@ def gpsvm(formula, data, *, kernel="rbf", n_inducing=None, inducing="kmeans", ba
                  hyper_lr=hyper_lr, jitter=jitter, draws=draws, tune=tune, chains=chains,
                  thin=thin, progress=progress, seed=seed, n_obs=n_obs, feature_names=cols,
                  learn=learn, n_jobs=n_jobs, max_draws=max_draws, _design=design, _formula=formula)
-    return fit
+    return fit.record_fit_time(time.perf_counter() - start)
 
 
 def _code_y(values, design):

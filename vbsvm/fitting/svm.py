@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -157,6 +158,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
     -------
     vbsvm.results.fit.Fit
     """
+    start = time.perf_counter()
     settings = fit_settings(formula, method=method, penalty=penalty, missing=missing, standardize=standardize,
                             draws=draws, max_draws=max_draws, tune=tune, chains=chains, thin=thin, seed=seed,
                             tol=tol, max_iter=max_iter, accelerate=accelerate, sigma2_beta=sigma2_beta, A_u=A_u,
@@ -164,8 +166,7 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
                             sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, re_df=re_df, re_scale=re_scale,
                             checkpoint=checkpoint, imputation=imputation)
     if _is_dask_frame(data):
-
-        return svm_dask(formula, data, settings, prior=prior, persist=persist)
+        return whole_fit_time(svm_dask(formula, data, settings, prior=prior, persist=persist), start)
     design = build_design(formula, data, standardize=standardize, missing=missing)
     check_re_prior(design, settings, prior)
     found = warn_about_data(design, penalty=settings["penalty"], A_u=settings["A_u"],
@@ -181,6 +182,14 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
                            for s in range(0, design.n, step)])
         fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
+    return whole_fit_time(fit, start)
+
+
+def whole_fit_time(fit, start):
+    """``fit`` with ``info["seconds"]`` the wall time since ``start`` (the whole call: design,
+    checks, inference and calibration) and ``info["inference_seconds"]`` the engine's share."""
+    fit.info["inference_seconds"] = float(fit.info.get("seconds", 0.0))
+    fit.info["seconds"] = time.perf_counter() - start
     return fit
 
 

@@ -28,7 +28,8 @@ from vbsvm.exceptions import FitFileError
 from vbsvm.formula.design import MISSING_ACTIONS, Design, GroupingFactor, PlainSpec, quote_name
 from vbsvm.formula.safety import check_formula
 
-__all__ = ["design_to_data", "design_from_data", "dumps", "loads", "to_data", "from_data"]
+__all__ = ["design_to_data", "design_from_data", "design_to_text", "design_from_text", "to_data", "from_data",
+           "storable_columns", "column_name", "COLUMN_NAME_ATTR"]
 
 _SCALARS = (str, int, float, bool, type(None))
 _RAW_KINDS = ("float64", "int64", "bool", "str", "category")

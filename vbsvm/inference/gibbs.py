@@ -78,11 +78,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from vbsvm.exceptions import InputError, InterruptWarning, WorkerError
 from vbsvm.inference import interrupts
 from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.progress import progress_bar
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import replace_atomically
 
@@ -138,6 +138,7 @@ def _run_one(model, rng, state, first, total, tune, thin, record, progress, labe
 def _scan(model, rng, state, first, total, tune, thin, record, progress, label, checkpoint, stop):
     """Sweeps ``first`` to ``total`` of one chain from ``state`` (None: a new chain):
     ``({name: [kept draws]}, interrupted, last state)``; stops early on Ctrl-C or ``stop``.
+    ``progress`` is the run's bar (or None), advanced once per sweep.
 
     Sweep ``it`` is a tuning sweep (followed by ``gibbs_adapt``) if ``it < tune``; after tuning
     every ``thin``-th sweep is kept. With a ``checkpoint``, starts where its file left off and
@@ -146,10 +147,14 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
     :func:`~vbsvm.inference.interrupts.stop_at_boundary`).
     """
     kept = {name: [] for name in record}
+    start = first
     if checkpoint is not None:
         first, state, kept = checkpoint.resume(rng, kept)
-    # no tqdm object at all without a bar: a forked worker must not touch tqdm's (copied) lock
-    bar = tqdm(total=total, initial=first, desc=label, leave=False, mininterval=0.5) if progress else None
+    # ``progress`` is the run's bar (None in a worker: it must not touch tqdm's copied lock)
+    bar = progress
+    if bar is not None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(first - start)  # sweeps a checkpoint had already made
     try:
         if state is None:
             state = model.gibbs_initial_state(rng)
@@ -179,9 +184,6 @@ def _scan(model, rng, state, first, total, tune, thin, record, progress, label, 
     except KeyboardInterrupt:  # the last checkpoint (if any) stays: it was written at a sweep boundary
         interrupts.absorb()
         return kept, True, state
-    finally:
-        if bar is not None:
-            bar.close()
     return kept, False, state
 
 
@@ -361,7 +363,8 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
     record : sequence of str
         State entries to store.
     progress : bool
-        Show a tqdm progress bar (serial runs).
+        Show one progress bar over all chains' sweeps, with the time left (serial runs on a
+        terminal or in a notebook; see :mod:`vbsvm.inference.progress`).
     n_jobs : int
         Number of worker processes (1 = serial). Results do not depend on it. It pays only when
         each chain runs for seconds and the cores are free: starting two forked workers and
@@ -527,21 +530,27 @@ class _Chains:
         """Continue every chain from where it stopped (``done`` kept draws) to ``target`` kept
         draws (``target=0``: to the end of tuning); True if interrupted."""
         chains = len(self.rngs)
-        first = self.sweeps
-        args = [(self.model, self.rngs[c], self.states[c], first, self.tune + target * self.thin, self.tune,
-                 self.thin, self.record, self.progress and self.n_jobs == 1,
-                 f"chain {c + 1}/{chains}" + (f" (to {target} draws)" if done else ""), self.points[c])
+        first, last = self.sweeps, self.tune + target * self.thin
+        # one bar over every chain's sweeps (serial runs; workers draw none)
+        bar = progress_bar(chains * (last - first), "Gibbs" + (f" (to {target} draws)" if done else ""),
+                           self.progress and self.n_jobs == 1)
+        args = [(self.model, self.rngs[c], self.states[c], first, last, self.tune, self.thin, self.record, bar,
+                 f"chain {c + 1}/{chains}", self.points[c])
                 for c in range(chains)]
         if self.n_jobs == 1:
             out, interrupted = {}, False
             # checkpointed chains stop at a sweep boundary at Ctrl-C, to save their position there
             stop = threading.Event() if any(point is not None for point in self.points) else None
-            with interrupts.stop_at_boundary(stop):
-                for c in range(chains):
-                    out[c] = _run_one(*args[c], stop=stop)
-                    if out[c][1]:
-                        interrupted = True
-                        break
+            try:
+                with interrupts.stop_at_boundary(stop):
+                    for c in range(chains):
+                        out[c] = _run_one(*args[c], stop=stop)
+                        if out[c][1]:
+                            interrupted = True
+                            break
+            finally:
+                if bar is not None:
+                    bar.close()
         else:
             out, interrupted = _run_parallel(args, self.n_jobs)
         for c, (kept, _, state, rng) in out.items():

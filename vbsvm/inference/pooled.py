@@ -14,6 +14,7 @@ import numpy as np
 from vbsvm.distributions import InverseGamma, InverseWishart
 from vbsvm.inference.ep import fit_calibrated
 from vbsvm.inference.ep_selection import fit_calibrated_selection
+from vbsvm.inference.progress import progress_bar
 from vbsvm.inference.vb import VBResult, coordinate_ascent
 
 __all__ = ["pooled_vb_cut", "PooledGaussian"]
@@ -72,6 +73,7 @@ def pooled_vb_cut(model, settings, calibrated=False):
     blocks, extra = [], {}
     slope_blocks = lin.m_sparse and lin.q_sparse > 1
     sweeps, converged, seconds, strategies = 0, True, 0.0, set()
+    bar = progress_bar(K, "imputation completions", bool(settings.get("progress", False)))
     for _ in range(K):
         model.set_cells(model._draw_blocks(iq["blocks"], iq["cells"], rng))
         if selection:
@@ -97,6 +99,10 @@ def pooled_vb_cut(model, settings, calibrated=False):
         converged &= fitted["converged"]
         seconds += fitted["seconds"]
         strategies.add(fitted.get("strategy"))
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
     model.set_cells(iq["cells"])
     means = np.array(means)
     mean = means.mean(axis=0)

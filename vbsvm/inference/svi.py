@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vbsvm.exceptions import ConvergenceWarning, InputError
+from vbsvm.inference.progress import progress_bar
 
 __all__ = ["AdaptiveStep", "RobbinsMonro", "ConstantStep", "make_step", "Adam",
            "ArrayBatches", "StreamBatches", "FitState", "fit_svi"]
@@ -278,7 +279,7 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
             check_every=None, patience=3, optimize=False, hyper_every=10, hyper_lr=0.1,
             hyper_warmup=None, optimize_inducing=False, monitor=None, min_iter=None,
             q=None, callback=None, hyper_mask=None, average=True,
-            average_windows=10, theta_tol=None) -> FitState:
+            average_windows=10, theta_tol=None, progress=False) -> FitState:
     """Inducing-point SVI: natural-gradient steps on minibatches, optional Adam hyper steps.
 
     Parameters
@@ -318,6 +319,8 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
         combination, so still PD).  This removes most of the
         minibatch noise left at the final step size.  Used only when the hyperparameters were
         fixed during those windows (the whitened frame must not change).
+    progress : bool
+        Show a progress bar of the steps (out of ``max_iter``; see :mod:`vbsvm.inference.progress`).
 
     Returns
     -------
@@ -347,7 +350,10 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
     done_windows = []  # sums of the last completed windows since the hyperparameters last moved
     moved = False  # hyperparameters changed in the current window
     th_sum, th_k, prev_theta_mean = np.zeros(blocks.kernel.n_params), 0, None
+    bar = progress_bar(max_iter, "SVI steps", progress)
     for t in range(1, max_iter + 1):
+        if bar is not None:
+            bar.update()
         Xb, yb = next(it_src)
         scale = n / Xb.shape[0]
         A, kt = blocks.project(Xb)
@@ -402,6 +408,8 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
             if calm >= patience and t >= min_iter:
                 converged = True
                 break
+    if bar is not None:
+        bar.close()
     q_avg = _tail_average(blocks, done_windows) if average and done_windows and win_k == 0 else None
     if q_avg is not None:
         q = q_avg

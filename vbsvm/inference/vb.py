@@ -34,6 +34,7 @@ import numpy as np
 
 from vbsvm.exceptions import ConvergenceWarning, InterruptWarning
 from vbsvm.inference.failures import numerical_failures
+from vbsvm.inference.progress import progress_bar
 from vbsvm.inference.threads import limit_blas
 
 __all__ = ["VBResult", "coordinate_ascent"]
@@ -66,7 +67,7 @@ class VBResult:
     info: dict = field(default_factory=dict)
 
 
-def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=None) -> VBResult:
+def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=None, progress=False) -> VBResult:
     """Run coordinate-ascent VB on ``model`` until the relative ELBO change is below ``tol``.
 
     Parameters
@@ -81,6 +82,8 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
         Use SQUAREM extrapolation (recommended); False gives the plain algorithm.
     state : ndarray, optional
         Starting state; default ``model.vb_initial_state()``.
+    progress : bool
+        Show a progress bar of the sweeps (out of ``max_iter``; see :mod:`vbsvm.inference.progress`).
 
     Returns
     -------
@@ -92,7 +95,12 @@ def coordinate_ascent(model, *, tol=1e-8, max_iter=1000, accelerate=True, state=
         If a (non-extrapolated) sweep fails numerically, e.g. a Cholesky factorization.
     """
     with limit_blas(getattr(model, "blas_work", 0.0)), numerical_failures("variational Bayes"):
-        return _coordinate_ascent(model, tol, max_iter, accelerate, state)
+        bar = progress_bar(max_iter, "VB sweeps", progress)
+        try:
+            return _coordinate_ascent(model, tol, max_iter, accelerate, state, bar)
+        finally:
+            if bar is not None:
+                bar.close()
 
 
 def _extrapolation_norms(model, r, v):
@@ -106,7 +114,7 @@ def _extrapolation_norms(model, r, v):
     return np.linalg.norm(r), np.linalg.norm(v), bool(np.all(np.isfinite(v)))
 
 
-def _coordinate_ascent(model, tol, max_iter, accelerate, state):
+def _coordinate_ascent(model, tol, max_iter, accelerate, state, bar):
     start = time.perf_counter()
     x = model.vb_initial_state() if state is None else np.asarray(state, dtype=float)
     # the last accepted iterate and the length of its ELBO trace: replaced by one assignment, so
@@ -151,6 +159,8 @@ def _coordinate_ascent(model, tol, max_iter, accelerate, state):
                 del r, v
             trace.append(candidate[2])
             accepted_iterate = (candidate[0], candidate[1], len(trace))
+            if bar is not None:
+                bar.update(sweeps - bar.n)
             del x, candidate
             if abs(trace[-1] - trace[-2]) <= tol * max(abs(trace[-1]), 1.0):
                 converged = True

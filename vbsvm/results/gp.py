@@ -128,7 +128,14 @@ class GPFit(FitResult):
 
     @property
     def seconds(self):
+        """Wall time of the fit (the whole :func:`vbsvm.gpsvm` call when fitted by it)."""
         return self._state.seconds
+
+    def record_fit_time(self, seconds) -> "GPFit":
+        """Record ``seconds``, the wall time of the whole call that built this fit, as its time
+        (called by :func:`vbsvm.gpsvm` before it returns the fit); returns the fit."""
+        self._state.seconds = float(seconds)
+        return self
 
     @property
     def hyperparameters(self) -> pd.DataFrame:
