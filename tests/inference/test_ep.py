@@ -13,7 +13,7 @@ import pytest
 from scipy import integrate
 from scipy.special import gammaln
 
-from vbsvm.inference import ep
+from vbsvm.inference import ep, ep_sites
 from vbsvm.models.linear import LinearSVMModel
 from vbsvm.models.linear_algebra import WoodburyPosterior
 
@@ -180,7 +180,7 @@ def test_a_stalled_ep_run_stops_extrapolating_and_damps_more(monkeypatch):
     assert res.log_z == pytest.approx(fixed_point.log_z, abs=1e-4)
     sd = np.sqrt(fixed_point.diag_cov)
     assert np.max(np.abs(res.mean - fixed_point.mean) / sd) < 0.02
-    monkeypatch.setattr(ep, "STALL_SWEEPS", 10 ** 9)  # the rule off: the run ends at max_sweeps, 0.06 sd away
+    monkeypatch.setattr(ep_sites, "STALL_SWEEPS", 10 ** 9)  # the rule off: the run ends at max_sweeps, 0.06 sd away
     stalled = ep.expectation_propagation(model, tau, tol=1e-4, max_sweeps=500)
     assert not stalled.converged
     assert np.max(np.abs(stalled.mean - fixed_point.mean) / sd) > 0.05
@@ -369,7 +369,7 @@ def test_grid_posterior_of_variance_matches_quadrature(n):
     y = np.where(x + rng.logistic(size=n) > 0, 1.0, -1.0)
     A, B = 3.0, 2.0  # sigma2 has a prior mean and variance
     model = LinearSVMModel(x[:, None], y, [], np.array([np.nan]), A=A, B=B)
-    grid = ep.integrate_variances(model, tol=1e-10, drop=14.0)  # tails kept down to e^-14
+    grid = ep.integrate_variances(model, tol=1e-10, moment_tol=1e-9, drop=14.0)  # tails kept down to e^-14
     etas, w = exact_eta_posterior(x, y, A, B)
     ex_mean, ex_sd = w @ etas, np.sqrt(w @ etas ** 2 - (w @ etas) ** 2)
     ge = grid.eta[:, 0]
@@ -385,18 +385,20 @@ def test_grid_posterior_of_variance_matches_quadrature(n):
 
 def test_default_grid_for_two_variances_matches_a_fine_grid():
     """Two variances (the penalty and a random-intercept variance): the default step (1.0) against
-    step 0.5 at the same tail cut (drop 7) gives the same fixed effects and levels (1e-3 posterior
-    sd), the random-intercept variance's mean to 1% and that of the penalty, whose posterior is
+    step 0.5 at the same tail cut (drop 7) gives the same fixed effects and levels (3e-3 posterior
+    sd; measured 1.6e-3, within the error allowed to points evaluated with frozen sites), the random-intercept variance's mean to 1% and that of the penalty, whose posterior is
     very heavy-tailed here (sd about 10x its mean: two penalized coefficients under IG(0.01,
     0.01)), to 10%; with a third of the EP runs."""
     model, _ = small_model(n=120, m=10, seed=4)
-    coarse = ep.integrate_variances(model)
-    fine = ep.integrate_variances(model, dz=0.5)
+    # EP converged well below the rule's error (at the default moment tolerance its 3e-3 sds
+    # would hide it)
+    coarse = ep.integrate_variances(model, moment_tol=1e-6)
+    fine = ep.integrate_variances(model, dz=0.5, moment_tol=1e-6)
     assert coarse.eta.shape[1] == 2 and coarse.info["strategy"] == "grid"
     identity = np.eye(model.qd)
     (m_c, v_c, *_), (m_f, v_f, *_) = ep._moments(coarse, model, identity), ep._moments(fine, model, identity)
-    np.testing.assert_allclose(m_c, m_f, atol=1e-3 * np.sqrt(v_f).min())
-    np.testing.assert_allclose(np.sqrt(v_c), np.sqrt(v_f), rtol=1e-3)
+    np.testing.assert_allclose(m_c, m_f, atol=3e-3 * np.sqrt(v_f).min())
+    np.testing.assert_allclose(np.sqrt(v_c), np.sqrt(v_f), rtol=3e-3)
     (penalty_c, group_c), (penalty_f, group_f) = coarse.sigma2_moments()[0], fine.sigma2_moments()[0]
     assert group_c == pytest.approx(group_f, rel=0.01)
     assert penalty_c == pytest.approx(penalty_f, rel=0.10)
