@@ -14,7 +14,9 @@ every site is approximated by an unnormalized Gaussian in :math:`f_i`,
 exactly the structure of the Gibbs/VB full conditional with :math:`w = \tilde\tau` and
 :math:`r = \tilde\nu`: :class:`~vbsvm.models.linear.CoefficientPosterior` (Schur elimination of the
 largest random-intercept factor, one Cholesky of the dense block per sweep, cost
-:math:`O(n q_d^2 + q_d^3 + m q_d)`) is reused as is. Parallel EP (all sites at once, damped):
+:math:`O(n q_d^2 + q_d^3 + m q_d)`), built from the sites' statistics, which are linear in the
+sites (:mod:`vbsvm.inference.ep_sites`: one read of the design per sweep, by blocks of rows).
+Parallel EP (all sites at once, damped):
 from the marginal :math:`N(f_i; m_i, v_i)` of q form the cavity :math:`v_{-i} = (1/v_i - \tilde\tau_i)^{-1}`,
 :math:`m_{-i} = v_{-i}(m_i/v_i - \tilde\nu_i)`; match the moments of the tilted distribution
 :math:`N(f; m_{-i}, v_{-i})\, t_i(f)`; and move the site to the ratio of the new marginal to the
@@ -50,13 +52,20 @@ with the sites held fixed, :math:`-m_k/2 + \tau_k(\lVert\mu_k\rVert^2 + \mathrm{
 **Integration over the variances (INLA-style).** With :math:`\eta = \log\sigma^2` (each
 :math:`\sigma^2_k \sim IG(A, B)`), :math:`\log \tilde p(\eta \mid y) = \log Z_{EP}(\eta) + \log p(\eta)`,
 :math:`\log p(\eta) = A\log B - \log\Gamma(A) - A\eta - B e^{-\eta}`. The mode is found by
-EM-type steps then quasi-Newton (analytic gradient, EP warm-started from the previous sites), the
-curvature there by central differences of the gradient, and a regular grid in the standardized
+quasi-Newton steps from EP's exact gradients, and a regular grid in the standardized
 coordinates :math:`z = \Lambda^{1/2} V^T(\eta - \eta^*)` (step ``dz``) is explored outward from the
 mode until the log density falls by more than ``drop``. The posterior is the mixture over grid
 points with weights :math:`\propto \tilde p(\eta_g \mid y)` (a regular grid: the Jacobian is
 constant): theta is a Gaussian mixture, each variance a discrete distribution on the grid (drawn
 with a uniform jitter within its cell). Without inferred variances it is the single EP Gaussian.
+The EP runs are made few and cheap (:mod:`vbsvm.inference.ep_variance_grid`, the default of
+:func:`integrate_variances`): the mode search starts its curvature from the density with the
+sites held fixed, a point is evaluated with the frozen sites of its nearest EP run where that is
+predicted accurate (with many rows and few coefficients: every point but two), EP runs start
+from the neighbour's sites (scaled along the grid) and stop when their moments settle, looser in
+the tails; with one variance the grid is walked outward from a few Newton steps, its step
+growing where the density is flat (nearly separable data: the penalty's log variance spread over
+10 units) and bounded by how far the coefficients' EP means move between points.
 
 **Random slopes.** A term with q > 1 columns has the prior :math:`b_l \sim N_q(0, \Sigma)` on each
 level, :math:`\Sigma \sim IW(\nu, \Psi)`: EP runs with the block prior (a q x q precision block per
@@ -88,7 +97,7 @@ import time
 import warnings
 
 import numpy as np
-from scipy.special import gammaln
+from scipy.special import gammaln, log_ndtr
 
 from vbsvm.distributions import InverseWishart
 from vbsvm.exceptions import ConvergenceWarning
@@ -293,7 +302,7 @@ class _Evidence:
         key = self.key(eta)
         self.cache = {key: self.cache[key]} if key in self.cache else {}
 
-    def run(self, eta, sites=None, tol=None, max_sweeps=None):
+    def run(self, eta, sites=None, tol=None, max_sweeps=None, damping=None):
         """``(log p~(eta | y), gradient, EPResult)`` at ``eta`` (cached), EP started from ``sites``
         (default: the last run's) at tolerance ``tol`` (default: the options'; the moment
         tolerance where the options have one)."""
@@ -310,6 +319,8 @@ class _Evidence:
             options = self.options if tol is None else {**self.options, criterion: tol}
             if max_sweeps is not None:
                 options = {**options, "max_sweeps": min(max_sweeps, options["max_sweeps"])}
+            if damping is not None:
+                options = {**options, "damping": damping}
             res = expectation_propagation(self.model, tau, blocks=blocks,
                                           sites=sites if sites is not None else self.sites,
                                           prior=self.prior(eta), **options)
@@ -965,20 +976,43 @@ def log_site_ratios(fit, model, a, b):
 def log_site_corrections(fit, model, L, X):
     r"""``log prod_i E_{q(f_i | x)}[t_i(f_i) / \tilde t_i(f_i)]`` (the factorized correction of
     :func:`corrected_marginals`) for each combination ``x = l_k^T theta_dense`` at the points
-    ``X[k]``, an array (k, G); 0 where the combination has no variance under q."""
+    ``X[k]``, an array (k, G); 0 where the combination has no variance under q.
+
+    :func:`log_site_ratios` with its terms arranged for the points of one combination: the mean
+    ``a`` of ``q(f_i | x)`` is affine in ``x`` and its variance ``b`` does not depend on it, so
+    every per-row factor is formed once and each point costs the two ``log_ndtr`` and a few
+    fused products (half the elementwise work)."""
     SL = fit.post.cov_dense() @ L.T  # (qd, k)
     Kmat = score_covariances(fit, model, L, SL)  # k_i for every row and combination
     mf, vf = fit.post.linear_predictor()
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jk->k", L, SL)
+    n = model.n
+    y = model.y
+    tp, tn = fit.site_prec[:n], fit.site_shift[:n]
     out = np.zeros(X.shape)
     for k in range(len(L)):  # over combinations (coefficients), vectorized over rows and points
         if not svar[k] > 0:
             continue
-        kk = Kmat[:, k]
-        b = np.maximum(vf - kk * kk / svar[k], 0.0)[:, None]
-        a = mf[:, None] + (kk / svar[k])[:, None] * (X[k] - mu[k])[None, :]
-        out[k] = log_site_ratios(fit, model, a, b).sum(0)
+        kappa = Kmat[:, k] / svar[k]  # a = mf + kappa (x - mu)
+        b = np.maximum(vf - Kmat[:, k] * kappa, 0.0)
+        one = 1.0 - tp * b
+        dx = X[k] - mu[k]
+        # log K = -log(one)/2 + (a^2 tp - 2 a tn + tn^2 b) / (2 one), a quadratic in dx per row
+        a0 = mf
+        c2 = 0.5 * tp / one
+        log_k = (-0.5 * np.log(one) + (a0 * a0 * c2 - a0 * tn / one + 0.5 * tn * tn * b / one))[:, None] \
+            + np.outer(2.0 * a0 * c2 * kappa - tn * kappa / one, dx) + np.outer(c2 * kappa * kappa, dx * dx)
+        # the tilted normalizer of N(ap, bp), ap = (a - b tn) / one, bp = b / one: with mu = y ap
+        bp = np.maximum(b / one, 1e-300)
+        sd = np.sqrt(bp)
+        alpha = y * (a0 - b * tn) / one  # mu = alpha + beta dx
+        beta = y * kappa / one
+        with np.errstate(all="ignore"):
+            log_t1 = log_ndtr(((alpha - 1.0) / sd)[:, None] + np.outer(beta / sd, dx))
+            log_t2 = (2.0 * alpha + 2.0 * bp - 2.0)[:, None] + np.outer(2.0 * beta, dx) + log_ndtr(
+                ((1.0 - alpha - 2.0 * bp) / sd)[:, None] - np.outer(beta / sd, dx))
+            out[k] = (log_k + np.logaddexp(log_t1, log_t2)).sum(0)
     return out
 
 
@@ -1015,9 +1049,10 @@ def _moments(grid, model, M):
 #: sites per coefficient the EP Gaussian needs no skewness correction (not measured here).
 EP_CORRECT_MAX_N = 50_000
 
-#: Site tolerance of the EP runs of a fit: 1e-4 gives the moments of 1e-6 to about three digits on
-#: the paper's data sets and is 3-13x faster where the data are nearly separable (n=100, d=50: 1.3 s
-#: -> 0.1 s), where EP at 1e-6 needs hundreds of damped sweeps per grid point.
+#: Site tolerance of a fit's EP runs where the site rule applies: fixed variances, the heaviest grid
+#: point read by the marginal corrections (:func:`_settled`), the lattice without ``adaptive``; 1e-4
+#: gives the moments of 1e-6 to about three digits on the paper's data sets (the grid's runs use
+#: the moment rule, ``integrate_variances(moment_tol=...)``).
 EP_TOL = 1e-4
 
 #: Damping of the EP runs of a fit.
@@ -1052,7 +1087,9 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         ``grid_theta_mean`` (G, q): the mixture; ``theta_draws`` (chains, draws, q) and
         ``sigma2_draws`` (chains, draws, K): iid joint draws from the mixture; ``log_evidence``:
         EP log marginal pseudo-likelihood integrated over the grid; ``elbo``: 1-element array
-        holding ``log_evidence`` (for code that expects an ELBO trace); ``info``: counts and time.
+        holding ``log_evidence`` (for code that expects an ELBO trace); ``info``: counts (EP runs
+        ``n_ep``, their sweeps ``n_sweeps``, grid points evaluated with frozen sites ``n_frozen``,
+        unconverged and failed runs) and time (``seconds``: the integration, ``seconds_total``).
     """
     settings = settings or {}
     start = time.perf_counter()

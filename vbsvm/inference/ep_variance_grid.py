@@ -303,6 +303,9 @@ def cell_edges(eta):
     return lo, hi
 
 
+#: Damping of EP runs started from a neighbouring point's sites (None: the options').
+WARM_DAMPING = None
+
 #: Frozen-site points: largest predicted error of a coefficient's mean (in EP sds) and of the
 #: log density for which a point is evaluated with the frozen sites of its nearest EP run.
 FROZEN_THETA_ERROR = 0.02
@@ -423,7 +426,8 @@ class PointEvaluator:
         if warm is None:
             warm = self.warm_start(eta)
         out = self.ev.run(eta, sites=warm, tol=point_tolerance(self.tol, predicted_drop),
-                          max_sweeps=self.max_sweeps if anchor is not None else None)
+                          max_sweeps=self.max_sweeps if anchor is not None else None,
+                          damping=WARM_DAMPING if warm is not None else None)
         res = out[2]
         if eta.size == 1 and res is None:
             self.edges.append(float(eta[0]))
