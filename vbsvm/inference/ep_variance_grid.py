@@ -59,15 +59,15 @@ THETA_STEP = 4.0
 #: Mode search: stop when the predicted gain in log density is below this.
 GAIN_TOL = 0.01
 
-#: Mode search: a step predicted to gain more than 1 is evaluated at the tolerance of a point
-#: this far below the best (:func:`point_tolerance`: 10x looser).
-FAR_DROP = 5.0
+#: Mode search: the start and a step predicted to gain more than 1 are evaluated at the tolerance
+#: of a point this far below the best (:func:`point_tolerance`: 10x looser).
+FAR_DROP = 3.0
 
 #: Adaptive grid: growth of the step from one point to the next where the density is flat.
 STEP_GROWTH = 1.5
 
-#: Adaptive grid: a step over which the curvature of the log density is below this fraction of
-#: the mode's is followed by a longer one (the density is at least twice as wide there).
+#: Adaptive grid: a step over which the log density fell by less than this fraction of what the
+#: mode's curvature predicts is followed by a longer one (the density is about twice as wide there).
 FLAT_CURVATURE = 0.25
 
 #: Adaptive grid: steps grow only at points within this of the best log density (in the tails
@@ -128,11 +128,12 @@ class FrozenSites:
 
 def point_tolerance(tol, drop_predicted):
     """EP tolerance at a point whose log density is predicted ``drop_predicted`` below the best:
-    ``tol`` within 3, then 10x looser per further 2, at most 100x (weights below e^-7 of the
-    best are computed to about 1e-2 relative, their share of the mixture being < 1e-3)."""
+    ``tol`` within 1, then 10x looser per further 2, at most 100x from 5 on (a point's moments
+    then err by about 3 tol e^drop / 10^((drop - 1) / 2) times its weight's share of the best:
+    at most 3 tol, at drop 1)."""
     if not np.isfinite(drop_predicted):
         return tol
-    return tol * 10.0 ** float(np.clip((drop_predicted - 3.0) / 2.0, 0.0, 2.0))
+    return tol * 10.0 ** float(np.clip((drop_predicted - 1.0) / 2.0, 0.0, 2.0))
 
 
 def find_mode(evaluate, K, eta0, *, gain_tol=GAIN_TOL, sd_tol=SD_TOL, max_iter=40, max_step=3.0):
@@ -159,9 +160,11 @@ def find_mode(evaluate, K, eta0, *, gain_tol=GAIN_TOL, sd_tol=SD_TOL, max_iter=4
         The mode, its values, and minus the Hessian estimate there.
     """
     eta = np.asarray(eta0, dtype=float)
-    lp, grad, res = evaluate(eta)
+    # the start is rarely the mode: its EP run at the looser tolerance of a far point
+    lp, grad, res = evaluate(eta, FAR_DROP)
     if res is None:
         raise FloatingPointError("EP failed at the starting variances; the model may be degenerate.")
+    start = res
     H = _frozen_hessian(FrozenSites(evaluate.ev, eta, res), eta, K)
     it = 0
     for it in range(1, max_iter + 1):
@@ -194,6 +197,8 @@ def find_mode(evaluate, K, eta0, *, gain_tol=GAIN_TOL, sd_tol=SD_TOL, max_iter=4
             ss = float(step @ step)
             curv = float(step @ Hs) / ss
             H = H + (1e-3 - 1.0) * curv * np.outer(step, step) / ss
+    if res is start:  # the mode is the start after all: its run to the full tolerance
+        lp, grad, res = evaluate.refine(eta)
     return eta, lp, grad, res, H, it
 
 
@@ -266,10 +271,14 @@ def walk_1d(evaluate, mode, lp0, grad0, res0, curvature, *, dz=1.0, drop=7.0, ma
             if out[0] < best - drop:
                 break
             # the next step: as long, or STEP_GROWTH longer where the density is high (within
-            # FLAT_REGION of the best) and flat (its curvature over this step, from the secant of
-            # the gradients, below FLAT_CURVATURE of the mode's); shorter where a coefficient's EP mean moved by more than theta_step EP sds
+            # FLAT_REGION of the best) and flat (it fell over this step by less than FLAT_CURVATURE
+            # times what the mode's curvature predicts: values, not the gradients, which a loose
+            # EP tolerance makes noisy); shorter where a coefficient's EP mean moved by more than
+            # theta_step EP sds
             c = -(point[2] - prev[2]) / (point[0] - prev[0])
-            flat = c < FLAT_CURVATURE * c0 and point[1] > best - FLAT_REGION
+            d0, d1 = abs(prev[0] - points[0][0]), abs(point[0] - points[0][0])
+            fell = prev[1] - point[1]
+            flat = fell < FLAT_CURVATURE * 0.5 * c0 * (d1 * d1 - d0 * d0) and point[1] > best - FLAT_REGION
             s_next = STEP_GROWTH * s if flat else s
             move = _theta_move(prev[3], point[3])
             if move > 0:
@@ -362,6 +371,14 @@ class PointEvaluator:
         d = [float(np.linalg.norm(eta - a[0])) for a in self.anchors]
         k = int(np.argmin(d))
         return self.anchors[k], d[k]
+
+    def refine(self, eta):
+        """The point ``eta`` evaluated again by EP at the full tolerance, from its own sites."""
+        key = self.ev.key(eta)
+        old = self.ev.cache.pop(key, None)
+        sites = old[2].sites if old is not None and old[2] is not None else None
+        self.anchors = [a for a in self.anchors if self.ev.key(a[0]) != key]
+        return self(eta, warm=sites)
 
     def warm_start(self, eta):
         """The sites of the nearest EP run that has kept them, for a run at ``eta``; with one
