@@ -742,7 +742,8 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     ccd_scales = None
     if strategy == "ccd" or (strategy == "auto" and K >= 3 and not correct_variance):
         ccd = _ccd_posterior(ev, mode, H, evecs / np.sqrt(evals)[None, :], n_newton, start, warn_unconverged,
-                             run=None if evaluate is None else (lambda e, sites: evaluate(e, warm=sites)))
+                             run=None if evaluate is None else (lambda e, sites: evaluate(e, warm=sites)),
+                             adaptive=evaluate is not None)
         ccd_scales = ccd.split_scales
         skewed = not np.all(np.abs(np.log(ccd_scales)) <= np.log(CCD_MAX_SKEW))
         if strategy == "ccd" or not skewed:
@@ -812,7 +813,8 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
     eta = np.array([mode + step @ np.array(k, dtype=float) for k in keys])
     lp = np.array([points[k][0] + delta[k] for k in keys])
     fits = [points[k][2] for k in keys]
-    info = _run_info(ev, n_newton, start, warn_unconverged, "grid")
+    info = _run_info(ev, n_newton, start, warn_unconverged, "grid",
+                     points=None if evaluate is None else [points[k][2] for k in points])
     info["n_frozen"] = 0 if evaluate is None else evaluate.n_frozen
     if ccd_scales is not None:
         info["ccd_side_scales"] = ccd_scales.tolist()  # why CCD was not kept
@@ -825,8 +827,8 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     :func:`~vbsvm.inference.ep_variance_grid.walk_1d`: each point weighted by its density times
     the width of its cell (the trapezoid rule in the coordinate in which the points are regular)."""
     curvature = float(H[0, 0])
-    points, truncated = walk_1d(evaluate, float(mode[0]), lp_mode, grad_mode, res_mode, curvature, dz=dz, drop=drop,
-                                max_points=max_points)
+    points, truncated, cut = walk_1d(evaluate, float(mode[0]), lp_mode, grad_mode, res_mode, curvature, dz=dz,
+                                     drop=drop, max_points=max_points)
     if truncated:
         warnings.warn(f"the variance grid reached max_points={max_points} before the log density fell by "
                       f"{drop}; the tails are truncated.", ConvergenceWarning, stacklevel=4)
@@ -840,29 +842,38 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     for g, f in enumerate(fits):  # as on the lattice, only the heaviest point keeps its sites
         if g != heaviest:
             f.release_sites()
-    info = _run_info(ev, n_newton, start, warn_unconverged, "grid")
+    info = _run_info(ev, n_newton, start, warn_unconverged, "grid", points=fits + [None] * cut)
     info["adaptive"] = True
     info["n_frozen"] = evaluate.n_frozen
     step = np.array([[dz / np.sqrt(max(curvature, 1e-6))]])
     return GridPosterior(eta, lp, fits, step, mode, H, info, log_rule=np.log(hi - lo), cells=(lo, hi))
 
 
-def _run_info(ev, n_newton, start, warn_unconverged, strategy):
-    """The counts of an integration run (and its warnings about failed or unconverged EP runs)."""
+def _run_info(ev, n_newton, start, warn_unconverged, strategy, points=None):
+    """The counts of an integration run (and its warnings about failed or unconverged EP runs).
+    ``points``: the EP results of the rule's points (None where EP failed), whose failures and
+    unconverged runs the warnings count (default: every run, the mode search's included; the
+    adaptive integration passes its points, as its mode search tries and rejects far values)."""
     info = {"n_ep": ev.n_ep, "n_sweeps": ev.n_sweeps, "unconverged": ev.unconverged, "failed": ev.failed,
             "annealed": ev.annealed, "newton_iterations": n_newton, "strategy": strategy,
             "seconds": time.perf_counter() - start}
-    if ev.failed:
-        warnings.warn(f"EP had no finite solution at {ev.failed} variance values (extreme variances at which "
+    failed, unconverged, total = ev.failed, ev.unconverged, ev.n_ep
+    if points is not None:
+        failed = sum(r is None for r in points)
+        unconverged = sum(r is not None and not r.converged for r in points)
+        total = len(points)
+        info.update(grid_failed=failed, grid_unconverged=unconverged)
+    if failed:
+        warnings.warn(f"EP had no finite solution at {failed} variance values (extreme variances at which "
                       "the model can put every point beyond the margin, or the prior dominates); they get zero weight.",
                       ConvergenceWarning, stacklevel=4)
-    if ev.unconverged and warn_unconverged:
-        warnings.warn(f"EP did not converge at {ev.unconverged} of {ev.n_ep} variance values; increase "
+    if unconverged and warn_unconverged:
+        warnings.warn(f"EP did not converge at {unconverged} of {total} variance values; increase "
                       "max_sweeps or lower damping.", ConvergenceWarning, stacklevel=4)
     return info
 
 
-def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=None):
+def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=None, adaptive=False):
     """:class:`GridPosterior` on the central composite design around ``mode``; ``axes`` (K, K):
     columns the principal axes of ``H`` scaled by their sds (``eta = mode + axes @ z``);
     ``run(eta, sites)`` evaluates a point (default ``ev.run``)."""
@@ -884,7 +895,7 @@ def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=Non
     for g, out in enumerate(runs):  # as on the grid, only the heaviest point's sites are read later
         if g != heaviest and out[2] is not None:
             out[2].release_sites()
-    info = _run_info(ev, n_newton, start, warn_unconverged, "ccd")
+    info = _run_info(ev, n_newton, start, warn_unconverged, "ccd", points=[out[2] for out in runs] if adaptive else None)
     return GridPosterior(mode + Z[keep] @ axes.T, lp[keep], [runs[g][2] for g in np.flatnonzero(keep)], axes,
                          mode, H, info, cov_dims=[iw.dim for _, iw in ev.covariances], log_rule=log_rule[keep],
                          split_scales=split)

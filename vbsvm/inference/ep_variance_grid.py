@@ -243,14 +243,15 @@ def walk_1d(evaluate, mode, lp0, grad0, res0, curvature, *, dz=1.0, drop=7.0, ma
 
     Returns
     -------
-    list of (eta, lp, grad, res), sorted by eta; bool: whether ``max_points`` cut a tail.
+    list of (eta, lp, grad, res), sorted by eta; bool: whether ``max_points`` cut a tail; int: the
+    sides that EP's failure ended before the log density fell by ``drop``.
     """
     theta_step = THETA_STEP if theta_step is None else theta_step
     points = {0: (float(mode), lp0, float(np.ravel(grad0)[0]), res0)}
     best = lp0
     c0 = max(float(curvature), 0.0)
     s0 = min(dz / np.sqrt(max(c0, 1e-6)), FIRST_STEP_MAX)
-    truncated = False
+    truncated, cut = False, 0
     for sign in (1.0, -1.0):
         prev, curvature, s = points[0], c0, s0
         j, retries = 0, 0
@@ -263,6 +264,7 @@ def walk_1d(evaluate, mode, lp0, grad0, res0, curvature, *, dz=1.0, drop=7.0, ma
                     retries += 1
                     s *= 0.5
                     continue
+                cut += prev[1] > best - drop  # the side ends inside the mass: EP's edge cuts it
                 break
             j += 1
             point = (eta, out[0], float(out[1][0]), out[2])
@@ -289,7 +291,7 @@ def walk_1d(evaluate, mode, lp0, grad0, res0, curvature, *, dz=1.0, drop=7.0, ma
         else:
             truncated = True
     ordered = [points[k] for k in sorted(points, key=lambda k: points[k][0])]
-    return ordered, truncated
+    return ordered, truncated, cut
 
 
 def _theta_move(a, b) -> float:
