@@ -421,7 +421,6 @@ class PointEvaluator:
         return FrozenSites(self.ev, anchor[0], anchor[1])
 
     def __call__(self, eta, predicted_drop=np.nan, warm=None):
-
         eta = np.asarray(eta, dtype=float)
         anchor, r = self._nearest(eta)
         fz = self.frozen_sites(anchor) if anchor is not None else None
