@@ -529,7 +529,7 @@ def test_site_statistics_are_linear_and_give_the_posterior_of_the_sites():
     tau = model.prior_precision([0.7, 1.3])
     from vbsvm.models.linear import CoefficientPosterior
 
-    a, b = ep_sites.SiteGaussian(model, tau, s1), CoefficientPosterior(model, w1, tau, r1)
+    a, b = model.site_gaussian(tau, s1), CoefficientPosterior(model, w1, tau, r1)
     np.testing.assert_allclose(a.mean, b.mean, atol=1e-12)
     np.testing.assert_allclose(a.diag_cov(), b.diag_cov(), rtol=1e-12)
     assert a.logdet_cov() == pytest.approx(b.logdet_cov(), abs=1e-10)
@@ -546,7 +546,7 @@ def test_a_sweep_reads_the_rows_once_by_blocks(monkeypatch):
     x = ep_sites.Sites(np.ones(model.n), 2.0 * model.y)
     problem = ep_sites._Problem(model, tau)
     one = ep_sites.EPPass(problem, problem.with_statistics(x))
-    monkeypatch.setattr(ep_sites, "row_blocks", lambda n, width: linear.row_blocks(n, width, budget=1))
+    monkeypatch.setattr(model, "row_chunks", lambda: linear.row_blocks(model.n, model.qd + 1, budget=1))
     ep_sites._PLANS.clear()
     before = ep_sites.DataPasses.count
     blocked = ep_sites.EPPass(problem, x)

@@ -8,13 +8,17 @@ Schur-eliminated random-effect term also its blocks :math:`D_l`, :math:`G_l`, :m
 statistics of the damped sites :math:`(1-\delta)x + \delta F(x)`, of a SQUAREM proposal (a linear
 combination of three site vectors) or of sites extrapolated along a grid of prior variances are the
 same combination of the statistics of its parts, formed in :math:`O(q^2)` without reading the data.
-A sweep (:class:`EPPass`) is then a single pass over blocks of rows (:func:`~vbsvm.models.linear.row_blocks`):
+A sweep (:class:`EPPass`) is then a single pass over blocks of rows (the model's ``row_chunks()``):
 each block's scores under the current Gaussian, their cavities, the tilted moments, the new sites
 :math:`F(x)` and their contribution to the statistics of :math:`F(x)`. Beyond the design it holds a
 few n-vectors (the sites, the new sites) and O(block) temporaries: no n x q array is formed.
 
 Models with more coefficients than rows and no eliminated term (the n x n Woodbury systems of
 :class:`~vbsvm.models.linear.WoodburyPosterior`) build the Gaussian from the sites themselves.
+
+The engine imports no model: the Gaussian of the statistics is the model's algebra, asked of the
+model it is handed (``site_gaussian``, :class:`~vbsvm.models.linear_algebra.SiteGaussian`), as are
+its row blocks (``row_chunks``) and whether it takes the Woodbury path (``woodbury_applies``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,7 @@ import weakref
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg.lapack import dpotrf, dpotrs, dtrtri
 from scipy.special import log_ndtr
-
-from vbsvm.models.linear_algebra import CoefficientPosterior, WoodburyPosterior, row_blocks
 
 __all__ = [
     "ANNEAL_FACTOR",
@@ -34,7 +35,6 @@ __all__ = [
     "DataPasses",
     "EPPass",
     "EPResult",
-    "SiteGaussian",
     "SiteStatistics",
     "Sites",
     "expectation_propagation",
@@ -142,7 +142,7 @@ class _RowPlan:
     ``(m, rows)`` (one per column of the term): built once per model, O(n) memory."""
 
     def __init__(self, model):
-        self.blocks = row_blocks(model.n, model.qd + 1)
+        self.blocks = model.row_chunks()
         self.incidence = []
         if model.m_sparse:
             m = model.m_sparse
@@ -219,70 +219,6 @@ def _block_scores(post, model, b, rows):
     return mean, np.einsum("ij,ij->i", V, V) + np.einsum("ij,ij->i", Dz, Z)
 
 
-# --------------------------------------------------------------------------- the Gaussian
-class SiteGaussian(CoefficientPosterior):
-    """:class:`~vbsvm.models.linear.CoefficientPosterior` built from :class:`SiteStatistics`: the
-    same algebra (Schur elimination of the eliminated term, Cholesky of the dense block and the
-    inverse of its factor, which the score pass multiplies with the rows), with the triangular
-    inverse by LAPACK's ``dtrtri`` (q^3/3 flops) instead of a general solve against the identity
-    (4 q^3/3 and a copy; 1.6 ms against 0.1 ms at q = 101), as EP forms one or two per sweep.
-    ``inverse=False``: the mean alone (what :meth:`EPPass.moment_change` reads)."""
-
-    def __init__(self, model, tau, stats, blocks=(), prior_shift=None, inverse=True):
-        self.model = model
-        qd = model.qd
-        A = stats.A.copy()
-        A[np.diag_indices(qd)] += tau[:qd]
-        sparse_prior = None
-        for index, Lam in blocks:
-            if index.min() >= qd:
-                sparse_prior = Lam
-            else:
-                A[index[:, :, None], index[:, None, :]] += Lam
-        bd = stats.bd if prior_shift is None else stats.bd + prior_shift
-        if model.m_sparse:
-            m, qs = model.m_sparse, model.q_sparse
-            D = stats.D.copy()
-            if sparse_prior is None:
-                D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
-            else:
-                D += sparse_prior
-            if qs == 1:
-                self.LD = np.sqrt(D)
-                self.LDinv = 1.0 / self.LD
-            else:
-                self.LD = np.linalg.cholesky(D)
-                self.LDinv = np.linalg.solve(self.LD, np.broadcast_to(np.eye(qs), D.shape))
-            LDinvT = np.swapaxes(self.LDinv, 1, 2)
-            Dinv = LDinvT @ self.LDinv
-            Y = (self.LDinv @ stats.G).reshape(m * qs, qd)  # L_l^{-1} G_l (see CoefficientPosterior)
-            S = A - Y.T @ Y
-            GD = LDinvT @ Y.reshape(m, qs, qd)
-            self.Dinv_br = (Dinv @ stats.br[:, :, None])[:, :, 0]
-            h = bd - GD.reshape(m * qs, qd).T @ stats.br.ravel()
-        else:
-            Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, qd))
-            self.LD = self.LDinv = Dinv
-            self.Dinv_br = np.zeros((0, 1))
-            S, h = A, bd
-        self.Dinv, self.GDb = Dinv, GD
-        L, info = dpotrf(S, lower=1, clean=1)
-        if info != 0:
-            raise np.linalg.LinAlgError("the precision of the sites' Gaussian is not positive definite")
-        self.L = L
-        if inverse:
-            Linv, info = dtrtri(L, lower=1)
-            if info != 0:
-                raise np.linalg.LinAlgError("singular Cholesky factor")
-            self.Linv = Linv
-            self.mean_dense = Linv.T @ (Linv @ h)
-        else:  # the mean alone (two triangular solves); no covariance
-            self.Linv = None
-            self.mean_dense, info = dpotrs(L, h, lower=1)
-        self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
-        self.fit_term = float(bd @ self.mean_dense + stats.br.ravel() @ self.mean_sparse)
-
-
 # --------------------------------------------------------------------------- sites and passes
 class Sites:
     """Site parameters ``(prec, shift)`` (the n hinge sites, then any prior sites) and the
@@ -329,7 +265,7 @@ class _Problem:
 
     def __init__(self, model, tau, prior=None, blocks=()):
         self.model, self.tau, self.prior, self.blocks = model, np.asarray(tau, dtype=float), prior, blocks
-        self.woodbury = not blocks and prior is None and WoodburyPosterior.applicable(model, self.tau)
+        self.woodbury = not blocks and prior is None and model.woodbury_applies(self.tau)
 
     def with_statistics(self, x: Sites) -> Sites:
         """``x`` with its statistics formed (one pass over the rows) where they are needed."""
@@ -349,7 +285,7 @@ class _Problem:
             prior_shift[self.prior.index] = x.shift[n:]
         if self.woodbury:
             return model.coefficient_posterior(x.prec[:n], tau, blocks=self.blocks, r=x.shift[:n])
-        return SiteGaussian(model, tau, x.stats, blocks=self.blocks, prior_shift=prior_shift)
+        return model.site_gaussian(tau, x.stats, blocks=self.blocks, prior_shift=prior_shift)
 
 
 class EPPass:
@@ -426,8 +362,8 @@ class EPPass:
             self._moment_change = np.inf
             if self.new is not None and self.new.stats is not None and self.prior is None:
                 try:
-                    new = SiteGaussian(self.problem.model, self.tau, self.new.stats, blocks=self.blocks,
-                                       inverse=False)
+                    new = self.problem.model.site_gaussian(self.tau, self.new.stats, blocks=self.blocks,
+                                                          inverse=False)
                     sd = np.sqrt(np.maximum(self.diag_cov(), 1e-300))
                     self._moment_change = float(np.max(np.abs(new.mean - self.post.mean) / sd))
                 except (np.linalg.LinAlgError, FloatingPointError, ValueError):

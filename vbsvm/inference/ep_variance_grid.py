@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbsvm.inference.ep_sites import EPResult, SiteGaussian, Sites, SiteStatistics
+from vbsvm.inference.ep_sites import EPResult, Sites, SiteStatistics
 
 __all__ = ["FrozenSites", "PointEvaluator", "point_tolerance", "find_mode", "walk_1d", "cell_edges",
            "THETA_STEP", "GAIN_TOL", "FROZEN_THETA_ERROR", "FROZEN_LP_ERROR"]
@@ -119,7 +119,7 @@ class FrozenSites:
         ev, res = self.ev, self.res
         model = ev.model
         tau = self._tau(eta)
-        post = SiteGaussian(model, tau, res.stats)
+        post = model.site_gaussian(tau, res.stats)
         log_tau = float(np.sum(np.log(tau, where=tau > 0, out=np.zeros_like(tau))))
         lp = 0.5 * log_tau + 0.5 * post.logdet_cov() + 0.5 * post.fit_term + res.site_constant
         lp += ev.log_prior(eta)
