@@ -1,4 +1,4 @@
-"""Issue #12: which fast approximation of the linear SVM posterior is calibrated against Gibbs?
+"""Which fast approximation of the linear SVM posterior is calibrated against Gibbs?
 
 Candidates, each judged against the package's Gibbs sampler (4 chains x 5000 draws after 5000,
 seed 1; ``--thin`` 5 for the slowly mixing problems, see ``THIN``):
@@ -21,7 +21,7 @@ worst over the components (for the slopes the covariance's two variances).
 Reported per problem and candidate: ``max |mean - Gibbs mean| / Gibbs sd`` over the fixed effects
 (original scale), the sd ratio median / min / max, the variance component's mean and sd ratios,
 wall and CPU seconds (the cost bars use CPU seconds: one BLAS thread, so CPU time is the time on
-an idle core of this shared machine), and the acceptance of issue #12. ``gibbs_equiv_s`` is the Gibbs time to
+an idle core of this shared machine), and the acceptance against the bars of :func:`accept`. ``gibbs_equiv_s`` is the Gibbs time to
 reach the candidate's accuracy: the run's seconds scaled by ``ESS_needed / min bulk ESS`` with
 ``ESS_needed = 1 / max(diff, 0.02)^2`` (Gibbs means then carry Monte Carlo errors of the size of the
 candidate's largest error), capped at the full run.
@@ -243,7 +243,7 @@ def gibbs_equivalent(ref, p, max_diff, burn_in=1000):
 
 
 def accept(name, m, seconds):
-    """Issue #12 acceptance of one candidate on one problem."""
+    """Acceptance of one candidate on one problem (the calibration and cost bars)."""
     if name in RANDOM_EFFECTS:
         ok = (abs(m["s2_mean_ratio"] - 1) <= 0.15 and 0.75 <= m["s2_sd_ratio"] <= 1.33 and m["max_diff"] <= 0.2
               and m["sd_min"] >= 0.8 and m["sd_max"] <= 1.25 and (seconds <= 0.5 or name != "toenail"))
@@ -312,7 +312,7 @@ def bounded_metrics(old, before, after, name, cand):
 
 
 def accept_bounds(name, m):
-    """The issue #12 bars on the bounds of :func:`bounded_metrics` (the worst case of each)."""
+    """The bars of :func:`accept` on the bounds of :func:`bounded_metrics` (the worst case of each)."""
     worst = dict(m, sd_median=m["sd_median_lo"])
     hi = dict(m, sd_median=m["sd_median_hi"])
     return accept(name, worst, 0.0) and accept(name, hi, 0.0)
@@ -347,7 +347,7 @@ def main_stored(args):
     cands = sorted({c for r in results.values() for c in r["candidates"]})
     summary = {c: all(r["candidates"][c]["pass_with_cost"] for r in results.values() if c in r["candidates"])
                for c in cands}
-    text = (f"# Issue #12: calibrated fast approximations vs Gibbs\n\n{table}\n\n"
+    text = (f"# Calibrated fast approximations vs Gibbs\n\n{table}\n\n"
             "Rows marked * are bounds: the EP candidates after the change of the variance integration, from the "
             "stored metrics of the EP before it (against Gibbs: 4 chains x 5000 draws after 5000, seed 1; thinned by "
             + ", ".join(f"{t} for {n}" for n, t in THIN.items()) + ") and the moments of the EP before and after "
@@ -423,10 +423,10 @@ def main(argv=None):
     print("\n" + table)
     summary = {c: all(r["candidates"][c]["pass_with_cost"] for r in results.values() if c in r["candidates"])
                for c in args.candidates}
-    text = (f"# Issue #12: calibrated fast approximations vs Gibbs\n\n{table}\n\n"
+    text = (f"# Calibrated fast approximations vs Gibbs\n\n{table}\n\n"
             "Gibbs: 4 chains x 5000 draws after 5000 (seed 1; thinned by "
             + ", ".join(f"{t} for {n}" for n, t in THIN.items()) + "). "
-            "'accuracy pass': the issue's bars on means, sds and the variance component. Cost bars: toenail "
+            "'accuracy pass': the bars on means, sds and the variance component. Cost bars: toenail "
             "<= 0.5 s and speed-up >= 10 (Gibbs-equivalent seconds / CPU seconds; the Gibbs time to make "
             "Monte Carlo errors as small as the candidate's largest error, see the script's docstring). "
             "Timings on a shared 2-core machine (other jobs running; one BLAS thread, so CPU seconds = "

@@ -1,4 +1,4 @@
-"""Memory and sweep cost of the in-memory linear VB fit (issue #16, first acceptance point).
+"""Memory and sweep cost of the in-memory linear VB fit.
 
 For each number of rows (20 predictors, a 0/1 label from a linear score plus noise, all float64:
 the frame is 21 float64 columns, ``n * 168`` bytes) and each method (``"meanfield"``, the paper's
@@ -190,7 +190,7 @@ def write(out: Path, results: list):
     sources = {r["label"]: (r.get("source"), r.get("commit")) for r in results}
     labels = "\n".join(f"* **{k}**: {v[0]}" + (f" (commit {v[1]})" if v[1] else "") for k, v in sources.items())
     out.with_suffix(".md").write_text(
-        "# In-memory linear fit: peak allocation and sweep cost (issue #16)\n\n"
+        "# In-memory linear fit: peak allocation and sweep cost\n\n"
         "`python benchmarks/inmemory_scale.py`: `vbsvm.svm('y ~ .', data=frame, method=...)` on a frame of 20 "
         "float64 predictors and a float64 0/1 label (21 columns). Peak: `tracemalloc` around the call, the "
         "frame built before. Sweep: VB seconds / sweeps (meanfield) or EP seconds / EP sweeps (vb), in a run "
