@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -242,6 +243,7 @@ def main(argv=None):
              "tune": args.gibbs_tune if args.gibbs_tune is not None else (100 if q else 500)}
     from threadpoolctl import threadpool_limits
 
+    load_before = os.getloadavg()[0]  # 1-minute load: on a shared machine wall times rise with it
     t0 = time.perf_counter()
     with threadpool_limits(limits=args.threads):
         cells = run(ns, ds, reps, gibbs, meanfield=not args.no_meanfield)
@@ -252,7 +254,8 @@ def main(argv=None):
     meta = {"benchmark": "Luts & Ormerod 2014 Section 4.2", "reps": reps, "gibbs": gibbs, "vb_method": VB_METHOD,
             "svc_grid": "GridSearchCV(LinearSVC(), C=logspace(-3,3,20), cv=5, scoring=balanced_accuracy)",
             "blas_threads": args.threads, "python": platform.python_version(), "machine": platform.machine(),
-            "vbsvm": vbsvm.__version__, "total_seconds": total, "acceptance_pass": passed}
+            "vbsvm": vbsvm.__version__, "total_seconds": total, "acceptance_pass": passed,
+            "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
     out.write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
     print(f"Wrote {out}.")
     return cells
