@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -321,9 +322,15 @@ def accept_bounds(name, m):
 def main_stored(args):
     """``--stored``: the EP candidates bounded from the stored table (module docstring)."""
     before = dict(np.load(args.stored))
-    after = ep_moments(args.only, repeat=args.repeat)
     saved = json.loads(args.out.read_text())
     results = saved["results"]
+    bounded = [n for n in args.only for c in ("ep", "ep_raw") if results[n]["candidates"][c].get("bound")]
+    if bounded:  # a bound of a bound would add the change twice
+        raise SystemExit(f"{args.out} holds bounds already ({', '.join(sorted(set(bounded)))}): bound from the "
+                         "table computed against Gibbs with the EP of the stored moments")
+    load_before = os.getloadavg()[0]
+    after = ep_moments(args.only, repeat=args.repeat)
+    load = [load_before, os.getloadavg()[0]]  # 1-minute load before and after the EP runs
     for name in args.only:
         for cand in ("ep", "ep_raw"):
             old = results[name]["candidates"][cand]
@@ -355,10 +362,11 @@ def main_stored(args):
             "ratio min a lower and max an upper bound, the median the old median times the median sd change (bars "
             "checked on its range), the variance ratios the old ones times the change; Gibbs-equiv seconds are the "
             "stored ones. The other rows are as stored. Timings on a shared 2-core machine (one BLAS thread; CPU "
-            "seconds), best of "
+            f"seconds; 1-minute load {load[0]:.1f} before and {load[1]:.1f} after the EP runs), best of "
             f"{args.repeat} for EP.\n\nAll bars (accuracy, cost) met on every problem: "
             + ", ".join(f"{c}: {'yes' if ok else 'no'}" for c, ok in summary.items()) + "\n")
-    saved.update(results=results, all_pass=summary, stored_reference=args.stored.name)
+    saved.update(results=results, all_pass=summary, stored_reference=args.stored.name,
+                 load_1min=load)
     args.out.write_text(json.dumps(saved, indent=1, default=float))
     args.out.with_suffix(".md").write_text(text)
     print("\n" + table)
