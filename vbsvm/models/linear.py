@@ -60,9 +60,11 @@ from vbsvm.models.linear_algebra import (
     VARIANCE_RANGE,
     CoefficientPosterior,
     PriorComponent,
+    SiteGaussian,
     WoodburyPosterior,
     _as_slice,
     _term_columns,
+    row_blocks,
 )
 from vbsvm.models.linear_block_moves import LinearBlockMoves
 from vbsvm.models.linear_gibbs import LinearGibbs
@@ -322,6 +324,23 @@ class LinearSVMModel(LinearVB, LinearGibbs, LinearMarginalMoves, LinearBlockMove
         if not blocks and prior_shift is None and WoodburyPosterior.applicable(self, tau):
             return WoodburyPosterior(self, w, tau, r)
         return CoefficientPosterior(self, w, tau, r, blocks=blocks, prior_shift=prior_shift)
+
+    def woodbury_applies(self, tau) -> bool:
+        """Whether :meth:`coefficient_posterior` at prior precisions ``tau`` (no blocks, no prior
+        shift) solves the n x n Woodbury systems (:class:`WoodburyPosterior`), which build the
+        Gaussian from the row weights themselves rather than from their statistics."""
+        return WoodburyPosterior.applicable(self, tau)
+
+    def site_gaussian(self, tau, stats, blocks=(), prior_shift=None, inverse=True) -> SiteGaussian:
+        """The Gaussian of EP's sites from their statistics ``stats`` (``A``, ``bd``, ``D``, ``G``,
+        ``br``, as in :class:`WorkingGram`), without reading the rows: :class:`SiteGaussian`
+        (``inverse=False``: the mean alone)."""
+        return SiteGaussian(self, tau, stats, blocks=blocks, prior_shift=prior_shift, inverse=inverse)
+
+    def row_chunks(self) -> list:
+        """Slices of the rows by which a pass reads the design (:func:`row_blocks` of the dense
+        columns and one more)."""
+        return row_blocks(self.n, self.qd + 1)
 
     def second_moments(self, mean, diag_cov) -> np.ndarray:
         """``||mu_k||^2 + tr(Sigma_kk)`` for every variance component."""

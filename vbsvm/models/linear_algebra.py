@@ -1,6 +1,6 @@
 """Linear algebra of the linear SVM's coefficient block: the prior components, the working Gram
 ``C' W C`` by row blocks, and the Gaussian posterior of the coefficients (dense or by Woodbury over the
-random-effect levels).
+random-effect levels, or from the statistics of EP's sites).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.linalg.lapack import dpotrf, dpotrs, dtrtri
 
 LOG_2PI = np.log(2.0 * np.pi)
 
@@ -446,6 +447,71 @@ class WoodburyPosterior(CoefficientPosterior):
             out[self.ib] -= self.G @ za
         out[self.ib] += eps
         return out
+
+
+class SiteGaussian(CoefficientPosterior):
+    """:class:`CoefficientPosterior` built from the statistics of EP's sites
+    (:class:`~vbsvm.inference.ep_sites.SiteStatistics`, read for their attributes ``A``, ``bd``,
+    ``D``, ``G``, ``br``, those of :class:`WorkingGram`) instead of the rows: the
+    same algebra (Schur elimination of the eliminated term, Cholesky of the dense block and the
+    inverse of its factor, which the score pass multiplies with the rows), with the triangular
+    inverse by LAPACK's ``dtrtri`` (q^3/3 flops) instead of a general solve against the identity
+    (4 q^3/3 and a copy; 1.6 ms against 0.1 ms at q = 101), as EP forms one or two per sweep.
+    ``inverse=False``: the mean alone (what :meth:`~vbsvm.inference.ep_sites.EPPass.moment_change` reads)."""
+
+    def __init__(self, model, tau, stats, blocks=(), prior_shift=None, inverse=True):
+        self.model = model
+        qd = model.qd
+        A = stats.A.copy()
+        A[np.diag_indices(qd)] += tau[:qd]
+        sparse_prior = None
+        for index, Lam in blocks:
+            if index.min() >= qd:
+                sparse_prior = Lam
+            else:
+                A[index[:, :, None], index[:, None, :]] += Lam
+        bd = stats.bd if prior_shift is None else stats.bd + prior_shift
+        if model.m_sparse:
+            m, qs = model.m_sparse, model.q_sparse
+            D = stats.D.copy()
+            if sparse_prior is None:
+                D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
+            else:
+                D += sparse_prior
+            if qs == 1:
+                self.LD = np.sqrt(D)
+                self.LDinv = 1.0 / self.LD
+            else:
+                self.LD = np.linalg.cholesky(D)
+                self.LDinv = np.linalg.solve(self.LD, np.broadcast_to(np.eye(qs), D.shape))
+            LDinvT = np.swapaxes(self.LDinv, 1, 2)
+            Dinv = LDinvT @ self.LDinv
+            Y = (self.LDinv @ stats.G).reshape(m * qs, qd)  # L_l^{-1} G_l (see CoefficientPosterior)
+            S = A - Y.T @ Y
+            GD = LDinvT @ Y.reshape(m, qs, qd)
+            self.Dinv_br = (Dinv @ stats.br[:, :, None])[:, :, 0]
+            h = bd - GD.reshape(m * qs, qd).T @ stats.br.ravel()
+        else:
+            Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, qd))
+            self.LD = self.LDinv = Dinv
+            self.Dinv_br = np.zeros((0, 1))
+            S, h = A, bd
+        self.Dinv, self.GDb = Dinv, GD
+        L, info = dpotrf(S, lower=1, clean=1)
+        if info != 0:
+            raise np.linalg.LinAlgError("the precision of the sites' Gaussian is not positive definite")
+        self.L = L
+        if inverse:
+            Linv, info = dtrtri(L, lower=1)
+            if info != 0:
+                raise np.linalg.LinAlgError("singular Cholesky factor")
+            self.Linv = Linv
+            self.mean_dense = Linv.T @ (Linv @ h)
+        else:  # the mean alone (two triangular solves); no covariance
+            self.Linv = None
+            self.mean_dense, info = dpotrs(L, h, lower=1)
+        self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
+        self.fit_term = float(bd @ self.mean_dense + stats.br.ravel() @ self.mean_sparse)
 
 
 def _as_slice(index):
