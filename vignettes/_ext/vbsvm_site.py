@@ -18,7 +18,8 @@
     is dotted (``candidates.ep.speedup``), ``format`` a Python format spec (``.2f``) or a template
     with ``{}`` (``{:.0f}x``). ``:filter:`` keeps the records that match one of its alternatives
     (separated by ``;``), each a list of ``path=value`` that must all hold; ``:caption:`` titles
-    the table. A missing file, path or key is a build warning (an error under ``-W``).
+    the table; ``:script:`` names the script of ``benchmarks/`` that writes the file (by default
+    the file's stem, ``gibbs_defaults.py``). A missing file, path or key is a build warning (an error under ``-W``).
 
 Links to repository files
     The guide pages link to files outside the site's sources (``../../benchmarks/results/x.md``,
@@ -105,6 +106,7 @@ class BenchmarkTable(SphinxDirective):
         "rows": directives.unchanged_required,
         "filter": directives.unchanged,
         "caption": directives.unchanged,
+        "script": directives.unchanged,
     }
 
     def run(self):
@@ -146,8 +148,11 @@ class BenchmarkTable(SphinxDirective):
         return [table, source]
 
     def _script(self):
-        stem = self.arguments[0].split(".")[0]
-        return f"{stem}.py"
+        script = self.options.get("script") or f"{self.arguments[0].split('.')[0]}.py"
+        if not (Path(self.config.vbsvm_benchmark_results).parent / script).is_file():
+            logger.warning(f"benchmark-table {self.arguments[0]}: no script benchmarks/{script} "
+                           "(name it with :script:)", location=self.get_location())
+        return script
 
     def _problem(self, message):
         logger.warning(message, location=self.get_location())
