@@ -81,11 +81,12 @@ html_theme_options = {
     "navigation_depth": 2,
     "show_toc_level": 2,
     "navbar_align": "left",
+    "header_links_before_dropdown": 6,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version", "theme-version"],
     "secondary_sidebar_items": ["page-toc"],
 }
-html_sidebars = {"index": [], "changelog": [], "about": []}
+html_sidebars = {page: [] for page in ("index", "get_started", "performance", "changelog", "about")}
 html_show_sourcelink = False
 html_copy_source = False
 
