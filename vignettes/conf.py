@@ -59,9 +59,6 @@ exclude_patterns = [
 nb_execution_mode = "off"
 myst_enable_extensions = ["colon_fence", "dollarmath", "deflist"]
 myst_heading_anchors = 3          # guide pages link to each other's sections by GitHub slugs
-suppress_warnings = [
-    "myst.header",                # the rendered vignettes put a note above their first heading
-]
 
 # --- autodoc, autosummary, numpydoc ----------------------------------------------------------
 autosummary_generate = True       # stub pages go to api/generated/ (git-ignored)
