@@ -84,6 +84,7 @@ def impute_slope_fits(slopes_missing):
     return vb, gibbs
 
 
+@pytest.mark.slow
 def test_impute_with_slopes_fits_and_reports(impute_slope_fits):
     for fit in impute_slope_fits:
         assert covariance_rows(fit.varcomp())
@@ -98,6 +99,7 @@ def test_impute_with_slopes_vb_agrees_with_gibbs(impute_slope_fits):
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])
 
 
+@pytest.mark.slow
 def test_default_vb_with_impute_and_slopes_is_calibrated(slopes_missing, impute_slope_fits):
     """``method="vb"`` pools calibrated EP fits (with the slope covariance integrated) over the
     completions; it agrees with the cut Gibbs sampler as the mean-field pool does, and the
@@ -179,6 +181,7 @@ def lz_slope_fits(slopes_noise):
     return vb, gibbs
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_slopes_fits_and_reports(lz_slope_fits):
     for fit in lz_slope_fits:
         assert covariance_rows(fit.varcomp())
@@ -277,6 +280,7 @@ def lz_impute_fits(noise_missing):
     return vb, gibbs
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_impute_fits_and_reports(lz_impute_fits, noise_missing):
     for fit in lz_impute_fits:
         assert isinstance(fit, ImputedSelectionFit)
@@ -305,6 +309,7 @@ def test_laplace_zero_with_impute_vb_agrees_with_gibbs(lz_impute_fits):
     assert np.abs(imp_v["mean"] - imp_g["mean"]).max() < 0.5 * imp_g["sd"].min()
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_impute_calibrated_agrees_with_gibbs(lz_impute_fits, noise_missing):
     """The default method='vb' pools the Laplace-zero EP fits (prior sites, variance grid) over
     completions; its inclusion probabilities are closer to Gibbs' than the mean field's."""
@@ -379,6 +384,7 @@ def test_laplace_zero_with_impute_tunes_the_selection_moves_and_pools_the_models
     assert lists[0].shape[0] >= 2 and np.array_equal(lists[0], lists[1])
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_impute_jumps_keep_the_posterior(noise_missing, monkeypatch):
     """The same cut posterior with and without the tuned moves (add/delete, model jumps): the
     inclusion probabilities and coefficient means agree within Monte Carlo error."""

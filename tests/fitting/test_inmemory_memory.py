@@ -110,6 +110,7 @@ def test_vb_fit_peak_is_at_most_twice_the_frame(big):
 
 
 @needs_copy_on_write
+@pytest.mark.slow
 def test_svm_peak_is_at_most_twice_the_frame(big):
     peak, fit = traced_peak(lambda: vbsvm.svm("y ~ .", data=big, method="meanfield", progress=False))
     assert fit.info["converged"]

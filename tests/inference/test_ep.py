@@ -248,6 +248,7 @@ def test_corrected_marginal_exact_for_one_coefficient():
     assert abs(d_mean[0] - mean) < 0.01 * sd and d_sd[0] == pytest.approx(sd, rel=0.01)
 
 
+@pytest.mark.slow
 def test_corrected_marginal_of_linear_combination_matches_dense_formula():
     """The correction of l^T theta with random intercepts (Schur-structured covariances) against
     the same formula written with the dense covariance."""

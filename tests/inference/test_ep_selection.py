@@ -78,6 +78,7 @@ def quad_hinge(y, m, v):
     return e1, mom(2) / z - e1 ** 2
 
 
+@pytest.mark.slow
 def test_fixed_point_matches_dense_transcription(small):
     """At the converged sites, one parallel EP update written out densely (P formed and inverted,
     tilted moments by quadrature, the prior sites' precision floored at 0 with the mean matched)

@@ -147,6 +147,7 @@ def test_ccd_rule_is_exact_for_the_normal_density_and_its_second_moments(K, poin
 
 
 @pytest.mark.parametrize("n,m,near_gaussian", [(600, 30, True), (160, 10, False)])
+@pytest.mark.slow
 def test_ccd_against_the_grid_and_the_auto_switch(n, m, near_gaussian):
     """Three log-Cholesky coordinates by CCD (15 EP runs) and by the regular grid. With 30 groups
     the log density is near Gaussian: CCD's mixture has fixed-effect means within 0.03 sd and sds

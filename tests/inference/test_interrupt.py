@@ -329,6 +329,7 @@ def test_warnings_module_state_is_untouched():
         assert warnings.filters == before
 
 
+@pytest.mark.slow
 def test_unguarded_script_with_spawn_fails_with_advice(tmp_path):
     # the start method used outside Linux re-imports the script in each worker
     script = tmp_path / "unguarded_spawn.py"
@@ -339,6 +340,7 @@ def test_unguarded_script_with_spawn_fails_with_advice(tmp_path):
     assert "WorkerError" in proc.stderr and "if __name__ ==" in proc.stderr and "n_jobs=1" in proc.stderr
 
 
+@pytest.mark.slow
 def test_spawned_workers_give_the_serial_chains(monkeypatch):
     import vbsvm.inference.gibbs as gibbs
 

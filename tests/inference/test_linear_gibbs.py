@@ -97,6 +97,7 @@ def rwm_random_intercept(y, x, g, m, A, B, sigma2_beta, n_steps, seed):
 
 
 @pytest.mark.parametrize("seed", [4])
+@pytest.mark.slow
 def test_random_intercept_gibbs_agrees_with_independent_metropolis(seed):
     rng = np.random.default_rng(seed)
     m, per = 5, 12

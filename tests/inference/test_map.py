@@ -28,6 +28,7 @@ def test_map_equals_libsvm(name, alpha):
 
 @pytest.mark.parametrize("name,alpha", [("simulated", 0.3), ("raetsch/german", 0.1),
                                         ("raetsch/breast_cancer", 0.1)])
+@pytest.mark.slow
 def test_map_objective_not_worse_than_libsvm(name, alpha):
     """Where libsvm stops at its own tolerance (german) or not at all (breast_cancer, where it
     hits max_iter) the EM + active-set solution has an objective at least as low, and on german

@@ -218,6 +218,7 @@ def assert_refused_without_trace(path, directory, sentinel):
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS))
+@pytest.mark.slow
 def test_crafted_file_is_refused_without_side_effects(case, good_files, tmp_path):
     _, paths, _ = good_files
     kind, craft = CORPUS[case]
@@ -358,6 +359,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_kill_9_during_save_leaves_the_good_file_loadable(good_files, tmp_path):
     _, paths, _ = good_files
     target = tmp_path / "fit.nc"

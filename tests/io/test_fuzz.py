@@ -164,6 +164,7 @@ COMMON = dict(deadline=None, derandomize=True, database=None,
 
 @settings(max_examples=120, **COMMON)
 @given(CASES)
+@pytest.mark.slow
 def test_fuzz_only_vbsvm_errors_escape(case):
     check(case)
 
@@ -207,6 +208,7 @@ def test_found_by_fuzzing_gibbs_imputation_without_missing_cells():
     assert len(imputed.imputed) == 0
 
 
+@pytest.mark.slow
 def test_found_by_fuzzing_log_likelihood_of_an_imputed_fit_without_missing_cells():
     """``missing="impute"`` on complete rows: the pointwise log likelihood (which ``compare`` and
     ``to_arviz`` build) has no imputed entries to add (it raised a reshape ValueError)."""

@@ -124,6 +124,7 @@ def _fixed_exponents(monkeypatch, value):
 
 
 @pytest.mark.parametrize("value", [0.0, 0.4])
+@pytest.mark.slow
 def test_exact_posterior_with_fixed_exponents(monkeypatch, value):
     """The quadrature check of ``y ~ 1 + (1 | g)`` (two levels) with every exponent fixed (0: the
     move is centred, 0.4: partially non-centred) from the first sweep on."""
@@ -131,6 +132,7 @@ def test_exact_posterior_with_fixed_exponents(monkeypatch, value):
     exact.random_intercept_two_groups(11, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_move_without_its_jacobian(monkeypatch):
     """Broken variant: the orbit's density without ``t sum_l c_l / 2`` (the fitted moves of the
     fixed effects dropped, as for the other power checks) is rejected by the same check."""

@@ -124,6 +124,7 @@ def test_batch_vb_elbo_non_decreasing(optimize):
         assert not np.allclose(st.theta_trace[0], st.theta_trace[-1])
 
 
+@pytest.mark.slow
 def test_svi_with_inducing_at_data_converges_to_batch_vb():
     X, y = _toy(300, seed=0)
     Xt = np.random.default_rng(5).normal(size=(400, 2))

@@ -546,6 +546,7 @@ def fits(logdata):
 
 
 @pytest.mark.parametrize("method", ["vb", "gibbs", "vb_joint", "gibbs_joint"])
+@pytest.mark.slow
 def test_imputed_table(fits, logdata, method):
     fit = fits[method]
     assert isinstance(fit, ImputedFit)
@@ -898,6 +899,7 @@ def test_cut_gibbs_matches_multiple_imputation(cut_pair):
     assert np.all((gb.coef["sd"].to_numpy() / sd > 0.8) & (gb.coef["sd"].to_numpy() / sd < 1.25))
 
 
+@pytest.mark.slow
 def test_vb_gibbs_cut_agree(cut_pair):
     """Acceptance (simulated data): imputed means correlate > 0.95, coefficient means within 0.5
     Gibbs sd (meanfield VB, pooled over completions)."""
@@ -1007,6 +1009,7 @@ def test_cut_gibbs_tunes_and_keeps_the_linear_block_move(monkeypatch):
     assert set(phases[-3 * 20:]) <= {BlockTuner.KEPT_IMH, BlockTuner.KEPT_HMC}, set(phases[-3 * 20:])
 
 
+@pytest.mark.slow
 def test_cut_gibbs_block_move_keeps_the_posterior(cut_pair, monkeypatch):
     """The same cut posterior with the tuned block move (the default, ``cut_pair``) and without it
     (no tuning: the augmented steps and slice moves in every inner sweep): coefficient means within
@@ -1168,6 +1171,7 @@ def test_predict_gibbs_integrates_over_missing_entries(fits, logdata, key):
         assert abs(prob.iloc[i] - (fs > 0).mean()) < 0.03
 
 
+@pytest.mark.slow
 def test_conditional_with_random_intercept_both_engines(grouped):
     """(1 | g) with the conditional model: both engines run, report the group variance, predict
     rows with missing cells (scores and probabilities), and agree on the imputations and (within
@@ -1220,6 +1224,7 @@ def simulation():
     return pd.DataFrame(out)
 
 
+@pytest.mark.slow
 def test_simulation_imputations_at_least_as_good_as_regression(simulation):
     assert (simulation["corr_imputed"] > 0.4).all()
     assert simulation["corr_imputed"].mean() >= simulation["corr_regression"].mean() - 0.005
@@ -1229,6 +1234,7 @@ def test_simulation_coefficients_closer_than_complete_case(simulation):
     assert simulation["dist_imputed"].mean() < simulation["dist_complete_case"].mean()
 
 
+@pytest.mark.slow
 def test_simulation_imputed_coefficient_ratio(simulation):
     assert 0.9 <= simulation["ratio_imputed"].mean() <= 1.1
 

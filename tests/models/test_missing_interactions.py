@@ -379,6 +379,7 @@ def test_cut_gibbs_matches_multiple_imputation_with_interaction(fits):
     assert np.all((gb.coef["sd"].to_numpy() / sd > 0.8) & (gb.coef["sd"].to_numpy() / sd < 1.25))
 
 
+@pytest.mark.slow
 def test_simulation_documents_attenuation_of_the_interaction():
     """True model with x:z, 30% of x MCAR-missing (6 replicates, 300 rows, VB). The wished-for
     property -- the x:z coefficient closer to the full-data fit than with

@@ -134,6 +134,7 @@ def test_schur_complement_stays_accurate_with_a_huge_augmentation_weight():
 @pytest.mark.parametrize("seed,scale,penalty", [pytest.param(5, 1, 0.25, id="fast"),
                                                 pytest.param(9, 1, "auto", id="fast-auto"),
                                                 pytest.param(51, 3, 0.25, id="slow", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale, penalty):
     """y ~ x + (1 + x | g), 6 groups x 8 rows; Sigma ~ IW(nu, Psi) integrated out in the target:
     prod_l N(b_l; 0, Sigma) IW(Sigma) -> |Psi + S|^{-(nu + m)/2}. A fixed penalty, or
@@ -181,6 +182,7 @@ def test_gibbs_against_rwm_with_covariance_integrated_out(seed, scale, penalty):
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
     """Power: the marginal move of the levels with a covariance 4x too small is rejected."""
     from vbsvm.models import linear
@@ -193,6 +195,7 @@ def test_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
 
 
 @pytest.mark.parametrize("broken", ["scale_jacobian", "shift_covariance"])
+@pytest.mark.slow
 def test_gibbs_check_detects_a_wrong_scale_or_shift_move(monkeypatch, broken):
     """Power: the comparison rejects the move along the common scale without the Jacobian of the
     covariance's three entries (``logp(t) - 3 t``), and the shift of the slope levels drawn with
@@ -234,6 +237,7 @@ def test_slope_shift_maps_match_the_fixed_effects_and_keep_the_scores():
     assert np.abs(shifted[: model.p] - theta[: model.p]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):
     """Power: a sampler whose IW step ignores the prior scale is rejected by the same comparison."""
     from vbsvm.models import linear
@@ -310,6 +314,7 @@ def test_laplace_zero_gibbs_with_slopes_against_rwm(seed, scale):
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_laplace_zero_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
     """Power: in the Laplace-zero sweep, the levels' move with a covariance 4x too small is rejected
     (at full length |z| reaches 49; a third of the draws suffices)."""
@@ -322,6 +327,7 @@ def test_laplace_zero_gibbs_check_detects_a_wrong_slope_level_move(monkeypatch):
         test_laplace_zero_gibbs_with_slopes_against_rwm(7, 1 / 3)
 
 
+@pytest.mark.slow
 def test_laplace_zero_gibbs_check_detects_a_wrong_scale_move(monkeypatch):
     """Power: in the Laplace-zero sweep, the move along the common scale without the Jacobian of
     the covariance's three entries is rejected."""
@@ -339,6 +345,7 @@ def test_laplace_zero_gibbs_check_detects_a_wrong_scale_move(monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["vb", "meanfield"])
+@pytest.mark.slow
 def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path, method):
     """Both approximations (the calibrated one: EP over the five variance parameters by CCD, which
     warns that their posterior is skewed on these 30 small groups)."""
@@ -368,6 +375,7 @@ def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path, method
     assert list(tree["posterior"]["cor_g"].coords["g_pair"].values) == ["Intercept,x"]
 
 
+@pytest.mark.slow
 def test_toenail_random_slopes_by_vb_and_gibbs(toenail):
     formula = "y ~ time * terbinafine + (1 + time | patient_id)"
     vb = vbsvm.svm(formula, toenail, penalty=None)

@@ -389,6 +389,7 @@ def test_gamma_one_and_b_one_full_conditional_is_the_ridge_model(small):
     assert_rel(b.cov_dense(), a.cov_dense(), 1e-12)
 
 
+@pytest.mark.slow
 def test_rho_one_fixed_b_sampler_reproduces_ridge_posterior(small):
     d = build_design("y ~ .", small)
     sel_model = RidgeReduction(d.X, d.y, [], d.penalized, 1.0)
@@ -410,6 +411,7 @@ def test_rho_one_fixed_b_sampler_reproduces_ridge_posterior(small):
     assert ks_2samp_ess(np.log(s2a), np.log(s2b)) > 1e-3
 
 
+@pytest.mark.slow
 def test_inclusion_probability_matches_quadrature():
     """One selectable predictor plus intercept: P(gamma = 1 | y), P(u > 0 | y) and E[u | y] by
     2-d quadrature of the pseudo-posterior against the Gibbs sampler (within 4 MCSE)."""
@@ -467,6 +469,7 @@ def _replicate_aucs(method, reps=20, **kw):
     return np.array(aucs)
 
 
+@pytest.mark.slow
 def test_vb_ranks_sparse_truth_first():
     aucs = _replicate_aucs("vb")
     assert aucs.mean() >= 0.95, aucs

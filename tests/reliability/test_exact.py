@@ -77,6 +77,7 @@ def test_intercept_and_penalized_coefficient_penalty_inferred(seed, scale):
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_random_intercept_two_groups_exact(seed, scale):
     """y ~ 1 + (1 | g) with two levels against a 3-d grid, sigma2_g integrated out."""
     exact.random_intercept_two_groups(seed, scale)
@@ -94,6 +95,7 @@ def _laplace_slab_logdensity(u, A, B):
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_laplace_zero_one_term_with_intercept_exact(seed, scale):
     """u = gamma v with the Laplace-zero prior; the posterior is a mixture of a point mass at 0
     (gamma = 0) and a continuous part. Checks P(gamma = 1 | y) and the marginals of the
@@ -160,6 +162,7 @@ def _log_marginal_imputation(xs_obs, xm_grid, sigma2_mu, psi, nu):
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_missing_one_cell_exact(seed, scale):
     """y ~ x - 1 with a fixed penalty and one missing x, imputation model with the paper's
     defaults (sigma2_mu = 1e8, Psi = 0.01, nu = 3 on the raw scale): the joint of
@@ -270,6 +273,7 @@ def test_exact_check_detects_a_wrong_variance_rescaling(monkeypatch):
         test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_level_move(monkeypatch):
     """The marginal move of the random intercepts with a prior 10x too tight is rejected."""
     _broken(monkeypatch, "_redraw_levels", lambda orig: lambda self, th, f, s2, rng: orig(self, th, f, s2 / 10, rng))
@@ -277,6 +281,7 @@ def test_exact_check_detects_a_wrong_level_move(monkeypatch):
         test_random_intercept_two_groups_exact(3, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_scale_move(monkeypatch):
     """The move along the common scale of the intercept, the levels and their variance with the
     variance's Jacobian of the wrong sign (``- 2t`` on the orbit's log density) is rejected. (The
@@ -302,6 +307,7 @@ def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
         test_intercept_and_penalized_coefficient_penalty_inferred(3, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_add_delete_move(monkeypatch):
     """The Laplace-zero add/delete move without its proposal ratio (the t density of the added
     coefficient against its prior) is rejected by the exact Laplace-zero check (model jumps off)."""
@@ -313,6 +319,7 @@ def test_exact_check_detects_a_wrong_add_delete_move(monkeypatch):
         test_laplace_zero_one_term_with_intercept_exact(11, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_laplace_zero_coefficient_move(monkeypatch):
     """The Laplace-zero model's marginal slice move of the coefficients in the model with their
     prior precision 25x too large is rejected by the exact Laplace-zero check at 4x the draws
@@ -328,6 +335,7 @@ def test_exact_check_detects_a_wrong_laplace_zero_coefficient_move(monkeypatch):
         test_laplace_zero_one_term_with_intercept_exact(11, 4)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_model_jump(monkeypatch):
     """The Laplace-zero model jump without its proposal ratio (``q_M(x) / q_M'(x')``, the t
     densities of the two models' coordinates) is rejected by the exact Laplace-zero check."""

@@ -62,6 +62,7 @@ def _ig_draws(rng, shape, scale):
 
 # ------------------------------------------------------------------------------- p = 10, penalty
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_linear_p10_penalty_inferred_against_rwm(seed, scale):
     rng = np.random.default_rng(seed)
     n, p = 80, 10
@@ -89,6 +90,7 @@ def test_linear_p10_penalty_inferred_against_rwm(seed, scale):
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_linear_n_less_than_p_against_rwm(seed, scale):
     """n = 10 rows, p = 24 columns with a fixed penalty and a vague intercept: the regime where the
     data alone do not identify the coefficients (and where an n x n / Woodbury implementation of
@@ -114,6 +116,7 @@ def test_linear_n_less_than_p_against_rwm(seed, scale):
 
 # ------------------------------------------------------------------------------- two factors
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_two_random_intercepts_and_penalty_against_rwm(seed, scale):
     """y ~ x1 + x2 + (1 | g) + (1 | h): g (8 levels) is the Schur-eliminated factor, h (3 levels)
     is dense; sigma2_u, sigma2_g, sigma2_h ~ IG(A, B) are integrated out in the target."""
@@ -160,6 +163,7 @@ def test_two_random_intercepts_and_penalty_against_rwm(seed, scale):
 
 # ------------------------------------------------------------------------------- Laplace-zero
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_laplace_zero_against_metropolis_with_indicator_flips(seed, scale):
     """Target p(b0, v, gamma, sigma_u | y) ~ exp(-2 sum hinge(b0 + X (gamma * v))) N(b0; 0, 1e8)
     prod_k Laplace(v_k; sigma_u) Bern(gamma_k; rho) IG(sigma_u^2; A, B): Metropolis on
@@ -242,6 +246,7 @@ def test_laplace_zero_against_metropolis_with_indicator_flips(seed, scale):
 
 # ------------------------------------------------------------------------------- missing data
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_missing_data_against_rwm(seed, scale):
     """Two predictors with missing cells, intercept, fixed penalty; imputation model with the
     paper's defaults (sigma2_mu = 1e8, Psi = 0.01 I, nu = 3). Independent target over
@@ -309,6 +314,7 @@ def test_missing_data_against_rwm(seed, scale):
 
 # ------------------------------------------------------------------------------- sparse GP
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_sparse_gp_gibbs_against_elliptical_slice(seed, scale):
     """m = 6 inducing points, n = 40: the bound model in whitened coordinates,
     N(v; 0, I) prod_i exp{-(1 - y_i a_i v) - sqrt((1 - y_i a_i v)^2 + kt_i)}, sampled by
@@ -335,6 +341,7 @@ def test_sparse_gp_gibbs_against_elliptical_slice(seed, scale):
     _compare("sparse GP", g, e, [f"v{k}" for k in range(blocks.m)] + ["f(-1.5)", "f(0.1)", "f(1.7)"])
 
 
+@pytest.mark.slow
 def test_independent_comparison_detects_a_wrong_penalty():
     """Power check: the same RWM target with the penalty variance integrated out is rejected
     when the Gibbs run uses a fixed penalty instead (the kind of discrepancy a dropped

@@ -19,6 +19,7 @@ import warnings
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from scipy import integrate
@@ -222,6 +223,7 @@ def formulas(draw):
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(df=frames(), formula=formulas(), standardize=st.booleans(),
        missing=st.sampled_from(["drop", "raise", "impute"]))
+@pytest.mark.slow
 def test_random_formula_on_random_frame_builds_or_raises_vbsvm_error(df, formula, standardize, missing):
     before = fingerprint(df)
     try:

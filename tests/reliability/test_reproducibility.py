@@ -75,6 +75,7 @@ def _assert_identical(a, b):
 
 
 @pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.slow
 def test_same_seed_identical_gibbs_draws_serial(model):
     a = _fit(model)
     _fit("linear_penalty", seed=999)  # something else runs in between
@@ -103,6 +104,7 @@ def test_chain_does_not_depend_on_number_of_chains(model):
 
 
 @pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.slow
 def test_vb_deterministic_and_arviz_draws_seeded(model):
     a = _fit(model, method="vb")
     b = _fit(model, method="vb")
@@ -131,6 +133,7 @@ def test_gp_gibbs_and_svi_reproducible():
 
 @pytest.mark.parametrize("method", ["vb", "gibbs"])
 @pytest.mark.parametrize("model", MODELS)
+@pytest.mark.slow
 def test_save_load_round_trip_reproduces_predictions(model, method, tmp_path):
     fit = _fit(model, method=method)
     path = tmp_path / "fit.nc"

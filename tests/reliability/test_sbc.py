@@ -196,6 +196,7 @@ def _linear_sbc(n_rep, L, thin, seed, wrong=False):
 
 
 @pytest.mark.parametrize("n_rep,L,thin", REPS)
+@pytest.mark.slow
 def test_sbc_linear_random_intercepts_and_penalty(n_rep, L, thin):
     """Intercept, two penalized slopes (sigma2_u), a 6-level factor eliminated by the Schur
     complement and a 3-level dense factor, each variance IG(3, 2)."""
@@ -204,6 +205,7 @@ def test_sbc_linear_random_intercepts_and_penalty(n_rep, L, thin):
     _assert_uniform(pv)
 
 
+@pytest.mark.slow
 def test_sbc_linear_detects_a_wrong_variance_block():
     ranks = _linear_sbc(200, 19, 3, seed=10, wrong=True)
     pv = _check("linear, WRONG variance block (power check)", ranks, 19, 20)
@@ -258,6 +260,7 @@ def _laplace_sbc(n_rep, L, thin, seed, wrong=False):
 
 
 @pytest.mark.parametrize("n_rep,L,thin", REPS)
+@pytest.mark.slow
 def test_sbc_laplace_zero_hierarchy(n_rep, L, thin):
     """theta, gamma_k (one at a time), b_k, sigma_u^2 of the Laplace-zero sampler: u_k = gamma_k v_k,
     v_k ~ N(0, sigma_u^2 / b_k), b_k ~ IG(1, 1/2), gamma_k ~ Bern(0.4), sigma_u^2 ~ IG(3, 2)."""
@@ -266,6 +269,7 @@ def test_sbc_laplace_zero_hierarchy(n_rep, L, thin):
     _assert_uniform(pv)
 
 
+@pytest.mark.slow
 def test_sbc_laplace_zero_detects_wrong_indicator_odds():
     # 400 replications: at 200, seeds 20-22 gave min p = 4.6e-4, 2.4e-11, 1.1e-5 against the
     # threshold 5.6e-5 (this one 8.6e-12)
@@ -274,6 +278,7 @@ def test_sbc_laplace_zero_detects_wrong_indicator_odds():
     assert min(pv.values()) < FAMILY_ALPHA / len(pv)  # the check as used above fails
 
 
+@pytest.mark.slow
 def test_sbc_laplace_zero_detects_a_wrong_scale_block(monkeypatch):
     """``sigma_u^2`` drawn with the excluded terms' pairs integrated out from their sum of
     squares but not from the shape (``A + m/2`` instead of ``A + m_in/2``) is rejected."""
@@ -357,6 +362,7 @@ def test_sbc_imputation_model(n_rep, L, thin):
     _assert_uniform(pv)
 
 
+@pytest.mark.slow
 def test_sbc_imputation_detects_wrong_sigma_prior():
     ranks = _imputation_sbc(100, 9, 2, seed=30, wrong=True)
     pv = _check("imputation, WRONG Sigma prior scale (power check)", ranks, 9, 10)

@@ -213,6 +213,7 @@ def test_stress_vb(name):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.slow
 def test_stress_gibbs(name):
     fit, df, rec = _fit(name, "gibbs")
     _check_finite(fit, df)
@@ -281,6 +282,7 @@ def test_rescaling_a_predictor_rescales_its_coefficient(method):
 
 # ------------------------------------------------------------------------------- GP
 @pytest.mark.parametrize("case", ["separable", "huge_scale", "imbalanced_one_percent", "duplicated_column"])
+@pytest.mark.slow
 def test_stress_gp_batch_vb(case):
     from vbsvm.fitting.gp import gpsvm
 

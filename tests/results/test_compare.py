@@ -110,6 +110,7 @@ def cmp(pair):
     return compare(*pair)
 
 
+@pytest.mark.slow
 def test_table_columns_and_values(cmp, pair):
     vb, gibbs = pair
     tab = cmp.table()
@@ -136,6 +137,7 @@ def test_table_columns_and_values(cmp, pair):
     assert tab.loc["beta[x1]", "vb_accuracy"] == pytest.approx(accuracy(q, draws), abs=1e-9)
 
 
+@pytest.mark.slow
 def test_table_without_lr_and_with_ranef():
     df = vbsvm.datasets.simulate_grouped(15, 5, seed=2)
     f = "y ~ time + (1 | group)"
@@ -242,6 +244,7 @@ def test_dot_formula_round_trip_predicts_the_same(tmp_path):
     pd.testing.assert_series_equal(back.predict(df, kind="prob"), fit.predict(df, kind="prob"))
 
 
+@pytest.mark.slow
 def test_laplace_zero_inclusion_side_by_side(sim, tmp_path):
     LaplaceZero = getattr(vbsvm, "LaplaceZero", None)
     if LaplaceZero is None:

@@ -68,6 +68,7 @@ def _equal(a, b):
 
 
 @pytest.mark.parametrize("name", FITS)
+@pytest.mark.slow
 def test_every_fit_implements_the_contract(fits, name):
     fit = fits[name][0]
     assert isinstance(fit, FitResult) and not type(fit).__abstractmethods__

@@ -50,6 +50,7 @@ CASES = [
 @pytest.mark.parametrize("formula,penalty", CASES)
 # one partition, and several of unequal size (7 over 2500 rows; 2 partitions tested nothing that 7 do not)
 @pytest.mark.parametrize("npartitions", [1, 7])
+@pytest.mark.slow
 def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions, monkeypatch):
     from vbsvm.fitting import dask as dask_fit
 
@@ -144,6 +145,7 @@ def _gp_frame(rng, n):
                          "y": np.where(f + 0.4 * rng.standard_normal(n) > 0, "a", "b")})
 
 
+@pytest.mark.slow
 def test_gp_svi_from_dask_matches_in_memory(client):
     rng = np.random.default_rng(3)
     train, test = _gp_frame(rng, 8000), _gp_frame(rng, 8000)
@@ -248,6 +250,7 @@ def test_spilled_block_is_the_resident_block(frame, tmp_path):
 
 
 @pytest.mark.parametrize("persist", [True, False])
+@pytest.mark.slow
 def test_coalesced_blocks_equal_in_memory_fit(client, frame, persist):
     """With the default BLOCK_BYTES the partitions make one block per worker (a pass is one task
     per worker), the fit is the in-memory fit, a refit gives identical numbers (the blocks do not

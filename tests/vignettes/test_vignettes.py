@@ -79,6 +79,7 @@ def _check_contents(name, out, stdout):
 
 
 @pytest.mark.parametrize("name", VIGNETTES)
+@pytest.mark.slow
 def test_vignette_quick(name, tmp_path):
     start = time.perf_counter()
     res = subprocess.run([sys.executable, str(VIGNETTES_DIR / f"{name}.py"), "--quick", "--out-dir", str(tmp_path)],
