@@ -46,9 +46,16 @@ from dataclasses import dataclass
 import numpy as np
 import xarray as xr
 
-from . import fit_file_schema
+from . import fit_file_reader, fit_file_schema
 from .exceptions import FitFileError, InputError, InputTypeError, VbsvmError
-from .fit_file_reader import CHECKSUM_ATTRIBUTE
+from .fit_file_reader import (
+    CHECKSUM_ATTRIBUTE,
+    collect,
+    content_digest,
+    decode_attribute,
+    read_exactly,
+    read_message,
+)
 from .formula_safety import check_formula
 
 __all__ = [
@@ -109,8 +116,6 @@ def add_checksum(path):
     SHA-256 of everything :func:`read_fit_file` reads from it
     (:func:`vbsvm.fit_file_reader.content_digest`), read back as the loader reads it."""
     import h5py
-
-    from .fit_file_reader import collect, content_digest
 
     with h5py.File(path, "r+") as f:
         kind = f.attrs["vbsvm_fit_type"]
@@ -389,8 +394,6 @@ class _ReaderProcess:
     """The child process of :mod:`vbsvm.fit_file_reader` reading one file (see its docstring)."""
 
     def __init__(self, fd, path, size):
-        from vbsvm import fit_file_reader
-
         self.path, self.fd = path, fd
         self.budget = declared_bound(size)
         self.memory = READER_MEMORY_ALLOWANCE + READER_MEMORY_PER_DECLARED_BYTE * self.budget
@@ -444,8 +447,6 @@ class _ReaderProcess:
             self.proc.kill()
 
     def _message(self, limit):
-        from vbsvm.fit_file_reader import read_message
-
         try:
             msg = read_message(self.proc.stdout, limit)
         except (EOFError, ValueError, OSError) as exc:
@@ -486,8 +487,6 @@ class _ReaderProcess:
     def read(self, plan):
         """Ask for the variables ``plan`` (``[(group, name, meta)]``) and return
         ``{(group, name): array}``."""
-        from vbsvm.fit_file_reader import read_exactly
-
         self.waiting = False
         try:
             self.proc.stdin.write((json.dumps([[g, v] for g, v, _ in plan]) + "\n").encode())
@@ -576,8 +575,6 @@ def _short(exc, limit=300):
 def _check_structure(structure):
     """Check what the file declares; return ``(kind, attrs, plan)``: the fit type, its parsed root
     attributes and the variables to read (``[(group, name, meta)]``)."""
-    from .fit_file_reader import decode_attribute
-
     groups = structure.get("groups")
     raw_attrs = structure.get("attrs")
     if not isinstance(groups, dict) or not isinstance(raw_attrs, dict):
@@ -674,8 +671,6 @@ _VARIABLE_ATTRS = {"constant_data": {"_FillValue", "dtype", "categories"}}
 
 
 def _check_variable_attributes(group, variables):
-    from .fit_file_reader import decode_attribute
-
     allowed = _VARIABLE_ATTRS.get(group, {"_FillValue"})
     for name, meta in variables.items():
         where = f"the variable {name!r} of group {group!r}"
@@ -711,8 +706,6 @@ def _check_data_groups(groups):
     data = groups["constant_data"]["variables"]
     if "obs" not in data:
         raise FitFileError("the group 'constant_data' lacks the row labels 'obs'.")
-    from .fit_file_reader import decode_attribute
-
     for name, meta in data.items():
         if name == "obs":
             continue
@@ -782,8 +775,6 @@ TEXT_WIDTH_ALLOWANCE = 16 << 20
 
 
 def _check_column(name, meta, values):
-    from .fit_file_reader import decode_attribute
-
     if values.dtype.kind == "O":
         lengths = np.fromiter((len(v) for v in values.ravel()), dtype=np.int64, count=values.size)
         width = int(lengths.max(initial=0)) * values.size
@@ -812,8 +803,6 @@ def _check_column(name, meta, values):
 
 
 def _check_checksum(kind, structure, values):
-    from .fit_file_reader import content_digest, decode_attribute
-
     stored = decode_attribute(structure["attrs"][CHECKSUM_ATTRIBUTE])
     actual = "sha256:" + content_digest(structure, READ_GROUPS[kind], values)
     if actual != stored:
@@ -824,8 +813,6 @@ def _check_checksum(kind, structure, values):
 def _build_tree(kind, structure, values):
     """The DataTree a fit's ``from_datatree`` reads, decoded as xarray decodes a netCDF file (the
     NaN fill value dropped, ``dtype='bool'`` columns as booleans, native byte order)."""
-    from .fit_file_reader import decode_attribute
-
     groups = {"/": xr.Dataset(attrs={k: decode_attribute(v) for k, v in structure["attrs"].items()})}
     for group in READ_GROUPS[kind]:
         data_vars, coords = {}, {}
