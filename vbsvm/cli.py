@@ -342,8 +342,8 @@ def _demo_reading(cmp) -> str:
     off = table[f"{name}_diff_sd"].abs()
     ratio = table[f"{name}_sd_ratio"]
     worst, widest = off.idxmax(), (ratio - 1).abs().idxmax()
-    return (f"Reading: the fast fit's means are within {off.max():.2f} posterior sds of Gibbs' (largest for "
-            f"{worst})\nand its sds within a factor {ratio.min():.2f}-{ratio.max():.2f} of Gibbs' (furthest for "
+    return (f"Reading: the fast fit's means are within {off.max():.2f} posterior sds of Gibbs' (largest for\n"
+            f"{worst}) and its sds within a factor {ratio.min():.2f}-{ratio.max():.2f} of Gibbs' (furthest for "
             f"{widest}).\nCheck any fast fit with vbsvm.compare() against Gibbs before trusting its intervals;\n"
             "method='meanfield' (the paper's mean-field VB) is faster still and further off.")
 
@@ -355,7 +355,8 @@ def cmd_demo(args):
     toenail = vbsvm.datasets.load("toenail")
     kw = _sampling_kwargs(args)
     _print("vbsvm demo: the random-intercept SVM of Luts & Ormerod (2014, Section 4.3) on the toenail data")
-    _print(f"  formula:  {DEMO_FORMULA}   (penalty=None: vague N(0, 1e8) prior on the fixed effects)")
+    _print(f"  formula:  {DEMO_FORMULA}")
+    _print("  prior:    penalty=None, a vague N(0, 1e8) prior on the fixed effects")
     _print(f"  data:     {len(toenail)} visits of {toenail['patient_id'].nunique()} patients (bundled; "
            "y = 1 for moderate or severe onycholysis)")
     _print(f"  Gibbs:    {kw['chains']} chains x {kw['draws']} draws after {kw['tune']} tuning draws "

@@ -253,6 +253,7 @@ def _fake_usps(directory: Path) -> None:
         pd.concat([df, pixels], axis=1).to_csv(directory / "usps" / (stem + suffix), index=False)
 
 
+@pytest.mark.slow
 def test_usps_splits(tmp_path):
     _fake_usps(tmp_path)
     res = load("usps", data_home=tmp_path)
@@ -272,6 +273,7 @@ def test_usps_splits(tmp_path):
         load("toenail", split="original")
 
 
+@pytest.mark.slow
 def test_usps_not_shipped_error_says_where_to_look(monkeypatch, tmp_path):
     monkeypatch.setenv(ENV, str(tmp_path / "env_dir"))
     with pytest.raises(DataNotFoundError) as info:

@@ -94,6 +94,7 @@ def test_impute_with_slopes_fits_and_reports(impute_slope_fits):
         assert "sigma2_g[x]" in str(fit.summary())
 
 
+@pytest.mark.slow
 def test_impute_with_slopes_vb_agrees_with_gibbs(impute_slope_fits):
     vb, gibbs = impute_slope_fits
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])
@@ -129,6 +130,7 @@ def test_pooled_inverse_wishart_matches_the_mixture_moments():
 
 
 @pytest.mark.parametrize("accelerate", [False, True])
+@pytest.mark.slow
 def test_impute_with_slopes_single_q_elbo_never_decreases(slopes_missing, accelerate):
     design = build_design(FORMULA, slopes_missing, missing="impute")
     fit = fit_imputed(design, settings_for(FORMULA, vb_completions=0, accelerate=accelerate))
@@ -190,6 +192,7 @@ def test_laplace_zero_with_slopes_fits_and_reports(lz_slope_fits):
         assert "cor_g[Intercept,x]" in str(fit.summary())
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_slopes_vb_draws_keep_the_block_covariance(lz_slope_fits):
     """The iid draws from q of a VB fit (to_arviz) have each level's intercept-slope covariance."""
     vb = lz_slope_fits[0]
@@ -300,6 +303,7 @@ def test_laplace_zero_with_impute_fits_and_reports(lz_impute_fits, noise_missing
     assert "label_effect" in post and post["gamma"].dims[-1] == "coef_selectable"
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_impute_vb_agrees_with_gibbs(lz_impute_fits):
     vb, gibbs = lz_impute_fits
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])

@@ -253,6 +253,7 @@ def _rewrite_settings(src, dst, change):
     add_checksum(dst)  # as the vbsvm that wrote such a file would have
 
 
+@pytest.mark.slow
 def test_older_and_newer_files_load(frame, tmp_path):
     fit = _fit(frame, method="meanfield", seed=5)
     fit.save(tmp_path / "fit.nc")

@@ -143,6 +143,7 @@ def quiet_fit(*args, **kwargs):
 
 
 @pytest.mark.parametrize("model", ["random_intercept", "laplace_zero", "impute"])
+@pytest.mark.slow
 def test_fit_extended_to_150_draws_equals_a_150_draw_run(data, model):
     df, kw = data, dict(GIBBS)
     formula = "y ~ x + z + (1 | g)"

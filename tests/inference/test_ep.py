@@ -384,6 +384,7 @@ def test_grid_posterior_of_variance_matches_quadrature(n):
     assert s2_mean[0] == pytest.approx(w @ np.exp(etas), rel=5 * tol)
 
 
+@pytest.mark.slow
 def test_default_grid_for_two_variances_matches_a_fine_grid():
     """Two variances (the penalty and a random-intercept variance): the default step (1.0) against
     step 0.5 at the same tail cut (drop 7) gives the same fixed effects and levels (3e-3 posterior

@@ -411,6 +411,7 @@ def _brute_force(model, a, b, log_s2, x):
     return out
 
 
+@pytest.mark.slow
 def test_rho_grid_integration_matches_a_brute_force_grid(small):
     """fit_calibrated_selection with rho ~ Beta(a, b) (its adaptive grid in (log sigma_u^2,
     logit rho)) against a fine product grid of fixed-rho EP fits weighted by their evidence times

@@ -90,6 +90,7 @@ def interrupted_run(script, *args, after=1.5):
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
+@pytest.mark.slow
 def test_ctrl_c_during_gibbs_returns_the_draws_so_far(n_jobs):
     res = interrupted_run(GIBBS_SCRIPT, n_jobs)
     chains, draws, q = res["shape"]
@@ -145,6 +146,7 @@ print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children":
 
 
 @pytest.mark.parametrize("n_jobs", [1, 2])
+@pytest.mark.slow
 def test_second_ctrl_c_still_returns_the_fit(n_jobs, tmp_path):
     """Two SIGINTs 0.3 s apart: the second lands while the workers' chains are collected
     (``n_jobs=2``: each finishes its 0.3 s sweep) or while the fit is built (its diagnostics take
@@ -215,6 +217,7 @@ print(json.dumps({"converged": res.converged, "interrupted": res.info["interrupt
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_vb_returns_the_last_accepted_q():
     res = interrupted_run(VB_SCRIPT, Path(__file__).parents[1], after=1.0)
     assert res["converged"] is False and res["interrupted"] is True
@@ -311,6 +314,7 @@ print("draws", fit.posterior["theta_draws"].shape, flush=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork start method is used on Linux")
+@pytest.mark.slow
 def test_script_without_main_guard_runs_parallel_chains_once(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)

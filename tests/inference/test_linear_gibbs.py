@@ -32,6 +32,7 @@ def test_one_coefficient_fixed_penalty_matches_quadrature(small):
     assert ks_1samp_ess(draws, grid_cdf(grid, logdens)) > 1e-3
 
 
+@pytest.mark.slow
 def test_two_coefficients_marginals_match_quadrature(small):
     alpha = 0.25
     fit = vbsvm.svm("y ~ x", data=small, method="gibbs", penalty=alpha, standardize=False,

@@ -81,6 +81,7 @@ def test_exact_posterior_with_the_independence_move_kept(block_phases):
     assert block_phases and all(ph == BlockTuner.KEPT_IMH for ph in block_phases), block_phases
 
 
+@pytest.mark.slow
 def test_exact_check_detects_an_independence_move_without_its_proposal_density(block_phases, monkeypatch):
     """Accepting with ``pi'/pi`` instead of ``(pi' q) / (pi q')`` targets ``pi q``: rejected."""
     steps = independence.independence_steps

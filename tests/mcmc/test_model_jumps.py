@@ -127,6 +127,7 @@ def test_jump_target_is_the_marginal_laplace_zero_density():
     assert diffs[0] == pytest.approx(diffs[1], abs=1e-9)  # equal up to one constant
 
 
+@pytest.mark.slow
 def test_chains_jump_after_pooling_and_serial_equals_parallel(monkeypatch):
     model = _selection_model(m=4)
     seen = []

@@ -235,6 +235,7 @@ def test_fixed_point_matches_algorithm4(small):
     assert res.elbo[-1] == pytest.approx(o["trace"][-1], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_fixed_point_fixed_penalty_and_user_hyperparameters(small):
     Psi = np.array([[0.5, 0.1, 0.0], [0.1, 0.4, 0.0], [0.0, 0.0, 0.3]])
     d, model = make_model("y ~ x1 + x2 + x3", small, penalty=0.25, sigma2_mu=10.0, Psi=Psi, nu=6.0)
@@ -565,6 +566,7 @@ def test_imputed_table(fits, logdata, method):
 
 
 @pytest.mark.parametrize("method", ["vb", "gibbs", "vb_joint", "gibbs_joint"])
+@pytest.mark.slow
 def test_to_arviz_holds_imputation_blocks(fits, method):
     fit = fits[method]
     dt = fit.to_arviz()
@@ -908,6 +910,7 @@ def test_vb_gibbs_cut_agree(cut_pair):
     assert np.all(np.abs((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]) < 0.5)
 
 
+@pytest.mark.slow
 def test_calibrated_vb_of_the_cut_matches_gibbs(cut_pair):
     """The default method='vb' pools calibrated EP fits over the completions: sds within 0.8-1.25
     of the cut sampler's, closer than the mean-field pool's. Measured on this fixture: sd ratios
@@ -1088,6 +1091,7 @@ def test_cut_gibbs_on_acath_matches_multiple_imputation():
 
 
 @pytest.mark.parametrize("key", ["vb", "vb_joint"])
+@pytest.mark.slow
 def test_predict_vb_integrates_over_missing_entries(fits, logdata, key):
     """Rows with missing predictors, under N(E mu, E[Sigma^-1]^-1): conditional model, a
     two-component mixture over the unseen label, weights pi_c N(x_O; m_{c,O}, Sigma_OO), pi_c the
@@ -1128,6 +1132,7 @@ def test_predict_vb_integrates_over_missing_entries(fits, logdata, key):
 
 
 @pytest.mark.parametrize("key", ["gibbs", "gibbs_joint"])
+@pytest.mark.slow
 def test_predict_gibbs_integrates_over_missing_entries(fits, logdata, key):
     """Monte Carlo: per draw, the label from p(c | x_O) (conditional model; the joint model has
     gamma = 0), then x_M | x_O, c under that draw's (mu, gamma, Sigma)."""
@@ -1230,6 +1235,7 @@ def test_simulation_imputations_at_least_as_good_as_regression(simulation):
     assert simulation["corr_imputed"].mean() >= simulation["corr_regression"].mean() - 0.005
 
 
+@pytest.mark.slow
 def test_simulation_coefficients_closer_than_complete_case(simulation):
     assert simulation["dist_imputed"].mean() < simulation["dist_complete_case"].mean()
 

@@ -231,6 +231,7 @@ def fits():
     return mis, vb, gb
 
 
+@pytest.mark.slow
 def test_fit_reports_imputations_of_the_predictor(fits):
     mis, vb, gb = fits
     for fit in (vb, gb):

@@ -257,6 +257,7 @@ def test_gibbs_check_detects_a_wrong_covariance_update(monkeypatch):
 @pytest.mark.usefixtures("one_blas_thread")
 @pytest.mark.parametrize("seed,scale", [pytest.param(7, 1, id="fast"),
                                         pytest.param(71, 3, id="slow", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_laplace_zero_gibbs_with_slopes_against_rwm(seed, scale):
     """``y ~ x + (1 + x | g)`` with ``LaplaceZero(rho)`` on ``x``, 6 groups x 8 rows, against a
     random-walk Metropolis on the marginal pseudo-posterior with the indicator summed out and the

@@ -540,6 +540,7 @@ def test_expected_size_sets_rho(small):
 
 
 @pytest.mark.parametrize("which", ["vb_fit", "gibbs_fit"])
+@pytest.mark.slow
 def test_inclusion_table(which, request):
     fit = request.getfixturevalue(which)
     assert isinstance(fit, SelectionFit)

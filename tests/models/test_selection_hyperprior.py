@@ -323,3 +323,14 @@ def test_same_seed_same_result_with_the_hyperprior(small):
         warnings.simplefilter("ignore")
         one, two = vbsvm.svm("y ~ .", small, **kw), vbsvm.svm("y ~ .", small, **kw)
     np.testing.assert_array_equal(one.posterior["rho_draws"], two.posterior["rho_draws"])
+
+
+def test_beta_copies_and_pickles_as_the_same_value():
+    import copy
+    import pickle
+
+    for prior in (vbsvm.Beta(), vbsvm.Beta(2, 5)):
+        assert copy.copy(prior) == prior and copy.deepcopy(prior) == prior
+        assert pickle.loads(pickle.dumps(prior)) == prior
+    lz = vbsvm.LaplaceZero(keep=["x1"])
+    assert copy.deepcopy(lz).rho == lz.rho

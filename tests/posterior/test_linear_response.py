@@ -136,6 +136,7 @@ def test_not_applicable_fits(sim):
         linear_response(vb, max_n=50)
 
 
+@pytest.mark.slow
 def test_lr_sd_close_to_gibbs_sd_on_luts_simulation():
     """Section 4.2 design: plain VB sds are about half of Gibbs'; LR brings them within 20%."""
     df = vbsvm.datasets.simulate_luts(200, 5, seed=4)

@@ -266,6 +266,7 @@ def _broken(monkeypatch, name, wrapper):
     monkeypatch.setattr(LinearSVMModel, "block_min_accept", 2.0)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_variance_rescaling(monkeypatch):
     """The non-centred variance move without its Jacobian (``+ v``) is rejected."""
     _broken(monkeypatch, "variance_log_prior", lambda orig: lambda self, s2: orig(self, s2) - np.sum(np.log(s2)))
@@ -299,6 +300,7 @@ def test_exact_check_detects_a_wrong_scale_move(monkeypatch):
         test_random_intercept_two_groups_exact(3, 1)
 
 
+@pytest.mark.slow
 def test_exact_check_detects_a_wrong_fixed_effect_move(monkeypatch):
     """The marginal single-site move of the fixed effects with a prior 4x too tight is rejected."""
     _broken(monkeypatch, "_redraw_fixed_effects",

@@ -87,6 +87,7 @@ def test_same_seed_identical_gibbs_draws_serial(model):
 
 @pytest.mark.parametrize("model", [m if m == "imputation" else pytest.param(m, marks=pytest.mark.slow)
                                    for m in MODELS])
+@pytest.mark.slow
 def test_serial_and_parallel_chains_identical(model):
     """n_jobs=2 runs the chains in spawned processes; the draws must not change. (About 10 s per
     model for the process start-up: the normal suite runs the imputation model, whose sweep

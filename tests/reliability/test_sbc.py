@@ -353,6 +353,7 @@ def _imputation_sbc(n_rep, L, thin, seed, wrong=False):
 
 @pytest.mark.parametrize("n_rep,L,thin", [pytest.param(100, 9, 2, id="fast"),
                                           pytest.param(400, 19, 3, id="slow", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_sbc_imputation_model(n_rep, L, thin):
     """mu ~ N(0, I), Sigma ~ IW(Psi, 5), d_i ~ N(mu, Sigma) with 9 missing cells (one row with both
     columns missing), coefficients with sigma2_u ~ IG(3, 2): theta, sigma2_u, mu, Sigma and every

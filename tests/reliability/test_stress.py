@@ -258,6 +258,7 @@ def test_stress_no_spurious_separability_warning(name):
 
 # ------------------------------------------------------------------------------- scale equivariance
 @pytest.mark.parametrize("method", ["vb", "gibbs", "map"])
+@pytest.mark.slow
 def test_rescaling_a_predictor_rescales_its_coefficient(method):
     """With standardize=True a fit is equivariant to predictor units from 1e-8 to 1e8: the
     coefficient of s * x is the coefficient of x divided by s. VB and MAP to 1e-6 relative;

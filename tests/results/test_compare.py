@@ -153,6 +153,7 @@ def test_table_without_lr_and_with_ranef():
                                vb.ranef()["group"]["mean"])
 
 
+@pytest.mark.slow
 def test_predictions_agreement(cmp, pair, sim):
     pred = cmp.predictions()
     assert list(pred.index) == ["vb", "gibbs"]
@@ -326,6 +327,7 @@ def test_gp_draws_are_pure_and_of_the_requested_shape():
     np.testing.assert_allclose(F.reshape(-1, 4).var(0), var, rtol=0.1)
 
 
+@pytest.mark.slow
 def test_compare_gp_svi_against_gibbs_of_the_same_formula(tmp_path):
     df = _gp_frame(120, seed=3)
     kw = dict(n_inducing=15, seed=2, optimize=False, lengthscale=1.0)

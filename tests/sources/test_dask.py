@@ -72,6 +72,7 @@ def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions, monk
     assert "Intercept" in fit.summary().as_text()
 
 
+@pytest.mark.slow
 def test_streamed_and_persisted_agree(client, frame):
     data = dd.from_pandas(frame, npartitions=3)
     a = vbsvm.svm("y ~ x1 + x2 + (1 | site)", data, method="meanfield", persist=False)

@@ -330,8 +330,9 @@ class _Evidence:
             ok = np.isfinite(res.log_z) and np.all(np.isfinite(res.mean)) and np.all(np.isfinite(res.diag_cov))
             # with the moment rule: a run that stopped with its moments still moving by more
             # than UNSETTLED sds per sweep has no usable Gaussian (parallel EP oscillating, as
-            # nearly separable data at variances beyond e^18 make it)
-            ok = ok and not (res.moment_change > UNSETTLED)
+            # nearly separable data at variances beyond e^18 make it); an infinite change is one
+            # that could not be formed (e.g. more columns than rows), and the site rule decided
+            ok = ok and not (np.isfinite(res.moment_change) and res.moment_change > UNSETTLED)
         except FloatingPointError:
             ok = False
         if not ok:  # no usable Gaussian at these variances: zero posterior weight

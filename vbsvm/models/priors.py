@@ -98,6 +98,15 @@ class Beta:
     def __setattr__(self, name, value):
         raise AttributeError("Beta is immutable; create a new vbsvm.Beta(a, b).")
 
+    def __reduce__(self):
+        return Beta, (self._a, self._b)
+
+    def __copy__(self):
+        return self  # immutable: a copy is the same value
+
+    def __deepcopy__(self, memo):
+        return self
+
     @property
     def a(self) -> float:
         """Shape ``a`` (prior count of terms in the model)."""

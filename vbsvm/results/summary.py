@@ -146,7 +146,13 @@ def _header_table(head: dict, title: str) -> SimpleTable:
     table.extend_right(SimpleTable([[v] for _, v in right], stubs=[k for k, _ in right], txt_fmt=fmt_2cols))
     if table_width(table) <= WIDTH:
         return table
-    return SimpleTable([[v] for _, v in items], stubs=[k for k, _ in items], title=title, txt_fmt=fmt_2cols)
+    # one column; a value too long for it continues on the next rows (no label)
+    room = WIDTH - 3 - max(len(k) for k, _ in items)
+    rows = []
+    for k, v in items:
+        lines = textwrap.wrap(v, room, break_on_hyphens=False) if len(v) > room else [v]
+        rows.extend([(k, lines[0])] + [("", line) for line in lines[1:]])
+    return SimpleTable([[v] for _, v in rows], stubs=[k for k, _ in rows], title=title, txt_fmt=fmt_2cols)
 
 
 def table_width(table: SimpleTable) -> int:
