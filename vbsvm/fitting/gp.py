@@ -38,7 +38,7 @@ from vbsvm.models.gp import (
     sample_rows,
     select_inducing,
 )
-from vbsvm.results.fit import diagnostics_table, warn_unconverged
+from vbsvm.results.diagnostics import diagnostics_table, warn_unconverged
 from vbsvm.results.gp import GPFit
 from vbsvm.settings import ARGUMENT_RULES, GP_CONSTRAINTS, GPSettings, validate
 from vbsvm.sources.dask_frames import DaskBatches, is_dask_frame, learn_design
