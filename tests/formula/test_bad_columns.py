@@ -13,6 +13,7 @@ import vbsvm
 from vbsvm.fitting.svm import warn_about_data
 from vbsvm.formula.design import MAX_FACTOR_LEVELS, MAX_STANDARDIZED, build_design
 from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
+from support.fits import map_fit
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +23,6 @@ def df():
     out = pd.DataFrame({"x": rng.normal(size=n), "z": rng.normal(size=n)})
     out["y"] = (out["x"] + rng.normal(size=n) > 0).astype(int)
     return out
-
-
-def map_fit(formula, data, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        return vbsvm.svm(formula, data, method="map", penalty=1.0, **kw)
 
 
 # --------------------------------------------------------------------------- duplicate names

@@ -9,6 +9,7 @@ import pytest
 import vbsvm
 from vbsvm import cli
 from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
+from support.fits import map_fit
 
 
 @pytest.fixture(scope="module")
@@ -19,12 +20,6 @@ def df():
                         "a": rng.choice(list("uvw"), n), "b": rng.choice(list("pq"), n)})
     out["y"] = (out["x"] + rng.normal(size=n) > 0).astype(int)
     return out
-
-
-def map_fit(formula, data, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        return vbsvm.svm(formula, data, method="map", penalty=1.0, **kw)
 
 
 def test_non_pandas_frame_names_its_type_and_to_pandas():

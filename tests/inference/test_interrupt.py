@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
+from support.processes import session
 from support.runs import Counter, SlowVB
+
 from vbsvm.exceptions import InterruptWarning, WorkerError
 from vbsvm.inference.gibbs import _common_length, run_chains
 from vbsvm.inference.vb import coordinate_ascent
@@ -31,19 +32,9 @@ from vbsvm.inference.vb import coordinate_ascent
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
-CHILDREN = """
-def children():
-    me, found = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == me:
-                found.append(int(entry))
-    return found
+CHILDREN = f"""
+sys.path.append({str(ROOT / "tests")!r})
+from support.processes import children
 """
 
 GIBBS_SCRIPT = """
@@ -59,7 +50,7 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     fit = vbsvm.svm("y ~ x + z", df, method="gibbs", draws=10**7, tune=5, chains=4, seed=1,
                     progress=False, n_jobs=int(sys.argv[1]))
-print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children": children(),
+print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children": children(os.getpid()),
                   "coef": fit.coef["mean"].tolist(),
                   "warnings": [type(w.message).__name__ + ": " + str(w.message) for w in caught]}), flush=True)
 """
@@ -74,17 +65,11 @@ DEFAULT_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.default_int
 
 def interrupted_run(script, *args, after=1.5):
     """Run ``script``, send SIGINT to its process group ``after`` s after it prints 'start'."""
-    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + script, *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=ENV, start_new_session=True, text=True)
-    try:
+    with session(DEFAULT_SIGINT + script, *args, env=ENV) as proc:
         assert proc.stdout.readline().strip() == "start"
         time.sleep(after)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     return json.loads(out.strip().splitlines()[-1])
 
@@ -140,7 +125,7 @@ files = {}
 for name in sorted(os.listdir(folder)):
     with np.load(os.path.join(folder, name)) as z:
         files[name] = int(z["kept:theta"].shape[0])
-print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children": children(), "files": files,
+print(json.dumps({"shape": list(fit.posterior["theta_draws"].shape), "children": children(os.getpid()), "files": files,
                   "warnings": [type(w.message).__name__ + ": " + str(w.message) for w in caught]}), flush=True)
 """
 
@@ -151,19 +136,13 @@ def test_second_ctrl_c_still_returns_the_fit(n_jobs, tmp_path):
     """Two SIGINTs 0.3 s apart: the second lands while the workers' chains are collected
     (``n_jobs=2``: each finishes its 0.3 s sweep) or while the fit is built (its diagnostics take
     1 s; a serial run stops at the end of its 0.05 s sweep)."""
-    proc = subprocess.Popen([sys.executable, "-c", DEFAULT_SIGINT + DOUBLE_SCRIPT, str(n_jobs), str(tmp_path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, start_new_session=True, text=True)
-    try:
+    with session(DEFAULT_SIGINT + DOUBLE_SCRIPT, n_jobs, tmp_path, env=ENV) as proc:
         assert proc.stdout.readline().strip() == "sampling"
         time.sleep(0.2)
         os.killpg(proc.pid, signal.SIGINT)
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 0, err
     assert "vbsvm: stopping: the draws kept so far are being collected" in err
     res = json.loads(out.strip().splitlines()[-1])

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import vbsvm
-from vbsvm.results import fit as results
+from vbsvm.results import diagnostics as results
 from support.statistics import ess, grid_cdf, hinge_sum, ks_1samp_ess, ks_2samp_ess
 
 

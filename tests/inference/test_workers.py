@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.processes import children
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; kills with SIGKILL")
 
@@ -86,20 +87,6 @@ def stat(pid):
     except OSError:
         return None
     return fields[0], fields[19]
-
-
-def children(pid):
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 def wait_for(condition, timeout):

@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +28,8 @@ import h5py
 import numpy as np
 import pandas as pd
 import pytest
+from support.frames import mixed_frame
+from support.processes import watched_fifo
 
 import vbsvm
 import vbsvm.io.fit_file
@@ -46,17 +47,9 @@ READER_PEAK_BOUND = 128 << 20
 LOADER_GROWTH_BOUND = 256 << 20
 
 
-def frame(n=60, seed=0):
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame({"x": rng.normal(size=n), "z": rng.uniform(1, 2, n), "s": rng.choice(["a", "b"], n),
-                       "g": rng.choice(list("pqr"), n)})
-    df["y"] = (df["x"] + rng.normal(size=n) > 0).astype(int)
-    return df
-
-
 def save_bases(directory):
     """Small real fits of each kind, saved in ``directory``; returns ``{name: path}``."""
-    df = frame()
+    df = mixed_frame()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fits = {
@@ -334,31 +327,6 @@ print(json.dumps({"baseline_hwm": peak_memory()}), flush=True)
 load_cases(spec["cases"], spec["bases"], report=lambda r: print(json.dumps(r), flush=True))
 print(json.dumps({"loader_hwm": peak_memory()}), flush=True)
 """
-
-
-@contextlib.contextmanager
-def watched_fifo(path):
-    """Create the FIFO ``path``; yields ``opened()``, true once any process opened it for reading."""
-    os.mkfifo(path)
-    seen, stop = threading.Event(), threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:  # ENXIO: nobody reads it
-                time.sleep(0.002)
-                continue
-            seen.set()
-            os.close(fd)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield seen.is_set
-    finally:
-        stop.set()
-        thread.join()
 
 
 def run_corpus(directory, n, seed=0, subprocess_loader=False):

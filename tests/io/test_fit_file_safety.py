@@ -9,14 +9,12 @@
 """
 
 import base64
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +24,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from support.frames import mixed_frame
+from support.processes import watched_fifo
 
 import vbsvm
 import vbsvm.io.fit_file
@@ -35,19 +35,11 @@ from vbsvm.formula.safety import MAX_FORMULA_LENGTH, check_formula
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def frame(n=60, seed=0):
-    rng = np.random.default_rng(seed)
-    df = pd.DataFrame({"x": rng.normal(size=n), "z": rng.uniform(1, 2, n), "s": rng.choice(["a", "b"], n),
-                       "g": rng.choice(list("pqr"), n)})
-    df["y"] = (df["x"] + rng.normal(size=n) > 0).astype(int)
-    return df
-
-
 @pytest.fixture(scope="module")
 def good_files(tmp_path_factory):
     """A saved VB fit (random intercept, categorical, transform), a Gibbs fit and a GP fit."""
     root = tmp_path_factory.mktemp("good")
-    df = frame()
+    df = mixed_frame()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fits = {
@@ -287,7 +279,7 @@ def test_good_files_load_and_predict_the_same(good_files):
 
 
 def test_gp_design_round_trip_is_json_and_predicts_the_same(tmp_path):
-    df = frame(80, seed=2)
+    df = mixed_frame(80, seed=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = vbsvm.gpsvm("y ~ x + np.log(z) + poly(x, 2)", df, n_inducing=6, seed=2)
@@ -299,7 +291,7 @@ def test_gp_design_round_trip_is_json_and_predicts_the_same(tmp_path):
 
 
 def test_save_refuses_a_formula_load_would_refuse(tmp_path):
-    df = frame()
+    df = mixed_frame()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = vbsvm.svm("y ~ x + np.cumsum(z)", df, seed=1)  # formulaic evaluates it, load would not
@@ -312,7 +304,7 @@ def test_save_refuses_a_formula_load_would_refuse(tmp_path):
                                     pd.Series(list(range(60)), dtype=object)], ids=["int categories", "mixed",
                                                                                     "object ints"])
 def test_save_refuses_columns_that_would_not_load_back(column, tmp_path):
-    df = frame()
+    df = mixed_frame()
     df["c"] = column
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -411,7 +403,7 @@ def test_cli_checks_a_formula_from_a_file(tmp_path, capsys):
 
     sentinel = tmp_path / "PWNED"
     (tmp_path / "formula.txt").write_text(FORMULA_ATTACKS["np.savetxt"].replace(S, str(sentinel)))
-    frame().to_csv(tmp_path / "d.csv", index=False)
+    mixed_frame().to_csv(tmp_path / "d.csv", index=False)
     code = cli.main(["fit", f"@{tmp_path / 'formula.txt'}", str(tmp_path / "d.csv")])
     err = capsys.readouterr().err
     assert code == 2 and "np.savetxt" in err and "is refused" in err
@@ -423,7 +415,7 @@ def test_cli_checks_a_formula_from_a_file(tmp_path, capsys):
 @pytest.mark.parametrize("formula", ["y ~ C(b)", "y ~ x + (1 | b)"])
 def test_boolean_columns_load_back(formula, tmp_path):
     # found by the fuzz suite: xarray decodes the stored int8 + dtype='bool' column itself
-    df = frame()
+    df = mixed_frame()
     df["b"] = df["x"] > 0.3
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -442,7 +434,7 @@ def selection_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("selection") / "sel.nc"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        vbsvm.svm("y ~ x + z + s", frame(), prior=vbsvm.LaplaceZero(rho=0.3), seed=1).save(path)
+        vbsvm.svm("y ~ x + z + s", mixed_frame(), prior=vbsvm.LaplaceZero(rho=0.3), seed=1).save(path)
     return path
 
 
@@ -465,33 +457,6 @@ def refused(path, *needles):
     return message
 
 
-@contextlib.contextmanager
-def watched_fifo(directory):
-    """A FIFO in ``directory``; yields ``(path, opened)``, ``opened()`` true once any process has
-    opened it for reading (a reader makes a non-blocking open for writing succeed)."""
-    path = directory / "watched.fifo"
-    os.mkfifo(path)
-    seen, stop = threading.Event(), threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:  # ENXIO: nobody reads it
-                time.sleep(0.002)
-                continue
-            seen.set()
-            os.close(fd)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield path, seen.is_set
-    finally:
-        stop.set()
-        thread.join()
-
-
 def replace_dataset(f, name, **create):
     del f[name]
     f.create_dataset(name, **create)
@@ -499,7 +464,8 @@ def replace_dataset(f, name, **create):
 
 def test_external_storage_is_refused_and_not_read(good_files, tmp_path):
     _, paths, _ = good_files
-    with watched_fifo(tmp_path) as (fifo, opened):
+    fifo = tmp_path / "watched.fifo"
+    with watched_fifo(fifo) as opened:
         for target in (fifo, "/etc/passwd"):
             path = edited(paths["vb"], tmp_path / "external.nc", lambda f, target=target: replace_dataset(
                 f, "vbsvm/theta_mean", shape=(8,), dtype="f8", external=[(str(target), 0, 64)]))
@@ -526,7 +492,8 @@ def test_virtual_datasets_and_links_are_refused_and_not_followed(good_files, tmp
                 h5py.SoftLink("/vbsvm/theta_var")
         return edit
 
-    with watched_fifo(tmp_path) as (fifo, opened):
+    fifo = tmp_path / "watched.fifo"
+    with watched_fifo(fifo) as opened:
         refused(edited(paths["vb"], tmp_path / "virtual.nc", virtual(fifo)), "vbsvm/theta_mean", "virtual")
         refused(edited(paths["vb"], tmp_path / "elink.nc", link("external", fifo)), "theta_mean", "external link")
         refused(edited(paths["vb"], tmp_path / "slink.nc", link("soft", None)), "theta_mean", "soft link")

@@ -30,6 +30,7 @@ from vbsvm.models.linear import fixed_effect_precision
 from vbsvm.fitting.builders import fit_imputed
 from vbsvm.fitting.svm import fit_settings
 from vbsvm.models.missing import CUT_SVM_SWEEPS, CutImputedSVMModel, ImputedSVMModel, imputation_columns
+from support.statistics import assert_matches_multiple_imputation
 
 
 # --------------------------------------------------------------------------- oracle
@@ -886,19 +887,7 @@ def test_cut_gibbs_matches_multiple_imputation(cut_pair):
     the plain linear Gibbs sampler, draws pooled. Measured: means within 0.1 pooled sd, sds within 10%.
     (Without redrawing 1/a given theta and the new imputations the sampler's sds were 1.6x too wide.)"""
     df, _, gb = cut_pair
-    x = gb.posterior["x_missing_draws"].reshape(-1, len(gb.imputed))
-    rng = np.random.default_rng(0)
-    pool = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        for k in rng.choice(x.shape[0], 20, replace=False):
-            fit = vbsvm.svm(FORMULA, data=completed(df, gb, x[k]), method="gibbs", draws=500, tune=300, chains=1,
-                            seed=int(k), progress=False)
-            pool.append(fit._theta_draws())
-    pool = np.concatenate(pool)
-    mean, sd = pool.mean(0), pool.std(0)
-    assert np.all(np.abs(gb.coef["mean"].to_numpy() - mean) < 0.3 * sd)
-    assert np.all((gb.coef["sd"].to_numpy() / sd > 0.8) & (gb.coef["sd"].to_numpy() / sd < 1.25))
+    assert_matches_multiple_imputation(gb, lambda x: completed(df, gb, x), FORMULA, draws=500, tune=300)
 
 
 @pytest.mark.slow

@@ -26,6 +26,7 @@ from vbsvm.exceptions import DiagnosticWarning, InputError
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import fixed_effect_precision
 from vbsvm.models.missing import CutImputedSVMModel, imputation_spec
+from support.statistics import assert_matches_multiple_imputation
 
 
 def frame(n, seed, p_x=0.3, p_w=0.0, b_xz=-1.0):
@@ -362,22 +363,14 @@ def test_cut_gibbs_matches_multiple_imputation_with_interaction(fits):
     """As tests/test_missing.py for main effects: 20 completions drawn from the imputation chain,
     each fitted by the plain linear Gibbs sampler with x entering x and x:z, draws pooled."""
     mis, _, gb = fits
-    x = gb.posterior["x_missing_draws"].reshape(-1, len(gb.imputed))
     rows = gb.imputed["row"].to_numpy()
-    rng = np.random.default_rng(0)
-    pool = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DiagnosticWarning)
-        for k in rng.choice(x.shape[0], 20, replace=False):
-            df = mis.copy()
-            df.loc[rows, "x"] = x[k]
-            fit = vbsvm.svm("y ~ x * z + w", data=df, method="gibbs", draws=300, tune=200, chains=1,
-                            seed=int(k), progress=False)
-            pool.append(fit._theta_draws())
-    pool = np.concatenate(pool)
-    mean, sd = pool.mean(0), pool.std(0)
-    assert np.all(np.abs(gb.coef["mean"].to_numpy() - mean) < 0.3 * sd)
-    assert np.all((gb.coef["sd"].to_numpy() / sd > 0.8) & (gb.coef["sd"].to_numpy() / sd < 1.25))
+
+    def complete(x):
+        df = mis.copy()
+        df.loc[rows, "x"] = x
+        return df
+
+    assert_matches_multiple_imputation(gb, complete, "y ~ x * z + w", draws=300, tune=200)
 
 
 @pytest.mark.slow

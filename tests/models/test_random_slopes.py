@@ -360,7 +360,7 @@ def test_vb_score_moments_match_its_draws_and_survive_save_load(tmp_path, method
     dense, sc = fit._new_rows(new)
     lay = fit.layout
     F = theta.reshape(-1, lay.q)[:, : lay.n_dense] @ dense.T
-    from vbsvm.results.fit import add_sparse_score
+    from vbsvm.posterior.representations import add_sparse_score
 
     F = add_sparse_score(F, theta.reshape(-1, lay.q)[:, lay.n_dense:], sc)
     np.testing.assert_allclose(F.mean(0), score["mean"], atol=4 * score["sd"].max() / np.sqrt(F.shape[0]))

@@ -210,7 +210,7 @@ def test_bad_arguments(grouped):
 def test_log_likelihood_group_makes_loo_and_compare_work(fits, tmp_path):
     """Pointwise log likelihood: the hinge likelihood normalised over y (sums to 1 over y), one
     value per draw and row; az.loo and az.compare run on it; save() leaves it out."""
-    from vbsvm.results.fit import pointwise_log_likelihood
+    from vbsvm.results.arviz_export import pointwise_log_likelihood
 
     F = np.linspace(-3, 3, 13)
     np.testing.assert_allclose(np.exp(pointwise_log_likelihood(1.0, F)) + np.exp(pointwise_log_likelihood(-1.0, F)), 1.0)
@@ -348,7 +348,7 @@ def test_infinite_inverse_gamma_moments_are_shown_as_undefined():
 
 def test_probit_calibration_recovers_a_known_scale():
     """fit_probit_calibration is the maximum-likelihood scale of the probit predictive."""
-    from vbsvm.results.fit import fit_probit_calibration, probit_predictive
+    from vbsvm.results.prediction import fit_probit_calibration, probit_predictive
 
     rng = np.random.default_rng(4)
     m, s = rng.normal(0, 1.5, 20000), rng.uniform(0, 1, 20000)

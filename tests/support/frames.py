@@ -26,3 +26,13 @@ def slope_frame(n_groups, n_per, seed, *, sd=(1.0, 1.0), cor=0.5, beta=(0.3, 1.0
     y = np.where(rng.random(g.size) < p, 1, 0)
     h = rng.integers(0, 3, g.size)
     return pd.DataFrame({"y": y, "x": x, "z": z, "g": [f"g{k:03d}" for k in g], "h": [f"h{k}" for k in h]})
+
+
+def mixed_frame(n=60, seed=0):
+    """``n`` rows of a numeric ``x``, a positive ``z``, a two-level ``s``, a three-level group ``g``
+    and a 0/1 response ``y`` driven by ``x``: every kind of column a saved fit records."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame({"x": rng.normal(size=n), "z": rng.uniform(1, 2, n), "s": rng.choice(["a", "b"], n),
+                       "g": rng.choice(list("pqr"), n)})
+    df["y"] = (df["x"] + rng.normal(size=n) > 0).astype(int)
+    return df

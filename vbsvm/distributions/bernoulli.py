@@ -5,12 +5,13 @@ from __future__ import annotations
 import numpy as np
 import scipy.special as sc
 
+from vbsvm.distributions.base import BatchLaw, with_draw_parameters
 from vbsvm.distributions.common import readonly, scalarize, size_tuple
 
 __all__ = ["Bernoulli"]
 
 
-class Bernoulli:
+class Bernoulli(BatchLaw):
     r"""Bernoulli distribution (vectorized).
 
     Parameters
@@ -71,9 +72,6 @@ class Bernoulli:
         obj._set(sc.expit(l), sc.log_expit(l), sc.log_expit(-l))
         return obj
 
-    def __repr__(self):
-        return f"Bernoulli(shape={self.shape})"
-
     def mean(self):
         """Expectation :math:`p`.
 
@@ -116,15 +114,11 @@ class Bernoulli:
         return scalarize(np.where(x == 1, self._log_p,
                                    np.where(x == 0, self._log_1mp, -np.inf)))
 
+    @with_draw_parameters
     def sample(self, rng, size=None):
         """Random draws.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------

@@ -135,10 +135,8 @@ def dlog_kv_dnu(nu, z):
 
     Parameters
     ----------
-    nu : array_like
-        Order.
-    z : array_like
-        Positive argument.
+    nu, z : array_like
+        Order and positive argument, as for :func:`log_kve`.
 
     Returns
     -------

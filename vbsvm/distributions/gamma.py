@@ -20,13 +20,13 @@ import math
 import numpy as np
 import scipy.special as sc
 
+from vbsvm.distributions.base import PositiveLaw, with_draw_parameters
 from vbsvm.distributions.common import (
     DRAW_RANGE,
     TINY,
     clip_log_draws,
     exp_clipped,
     outside_range,
-    readonly,
     scalarize,
     size_tuple,
 )
@@ -79,11 +79,8 @@ def log_standard_gamma_draws(g, shape, rng):
 
     Parameters
     ----------
-    g : numpy.ndarray
-        Draws of ``rng.standard_gamma``.
-    shape : array_like
-        Their shapes, broadcastable to ``g``.
-    rng : numpy.random.Generator
+    g, shape, rng
+        As for :func:`gamma_tail_redraws`.
 
     Returns
     -------
@@ -135,10 +132,8 @@ def sample_standard_gamma(shape, rng, size=None):
 
     Parameters
     ----------
-    shape : array_like
-        Positive shapes.
-    rng : numpy.random.Generator
-    size : None, int or tuple of int, optional
+    shape, rng, size
+        As for :func:`sample_log_standard_gamma`.
 
     Returns
     -------
@@ -174,7 +169,7 @@ def sample_gamma(shape, scale, rng, size=None):
     return clip_log_draws(x, lambda i: np.log(scale[i]) + log_g[i], tail | outside_range(x))
 
 
-class InverseGamma:
+class InverseGamma(PositiveLaw):
     r"""Inverse gamma distribution (vectorized).
 
     Density :math:`b^a / \Gamma(a)\, x^{-a-1} e^{-b/x}` on :math:`x > 0`.
@@ -200,18 +195,7 @@ class InverseGamma:
     """
 
     def __init__(self, shape, scale):
-        a, b = np.broadcast_arrays(np.asarray(shape, dtype=np.float64),
-                                   np.asarray(scale, dtype=np.float64))
-        if not np.all(a > 0):
-            raise ValueError("InverseGamma: shape must be strictly positive")
-        if not np.all(b > 0):
-            raise ValueError("InverseGamma: scale must be strictly positive")
-        self.a = readonly(a)
-        self.b = readonly(b)
-        self.shape = self.a.shape
-
-    def __repr__(self):
-        return f"InverseGamma(shape={self.shape})"
+        self.a, self.b = self._positive_parameters(shape=shape, scale=scale)
 
     def mean(self):
         r"""Expectation :math:`E[x] = b / (a - 1)`.
@@ -258,25 +242,10 @@ class InverseGamma:
         return scalarize(a + np.log(self.b) + sc.gammaln(a)
                           - (1.0 + a) * sc.digamma(a))
 
-    def logpdf(self, x):
-        """Log density.
-
-        Parameters
-        ----------
-        x : array_like
-            Points, broadcast against the parameters.
-
-        Returns
-        -------
-        numpy.ndarray or numpy.float64
-            Log density; ``-inf`` for ``x <= 0``.
-        """
-        x = np.asarray(x, dtype=np.float64)
-        pos = x > 0
-        xs = np.where(pos, x, 1.0)
+    def _log_density(self, x):
+        r""":math:`a \log b - \log\Gamma(a) - (a + 1) \log x - b / x` at positive ``x``."""
         a, b = self.a, self.b
-        val = a * np.log(b) - sc.gammaln(a) - (a + 1.0) * np.log(xs) - b / xs
-        return scalarize(np.where(pos, val, -np.inf))
+        return a * np.log(b) - sc.gammaln(a) - (a + 1.0) * np.log(x) - b / x
 
     def expected_logpdf(self, q):
         r"""Expected log density of this distribution under another one.
@@ -315,15 +284,11 @@ class InverseGamma:
             x = np.array(b / g, dtype=np.float64)
         return b, x, (g, tail, log_tail)
 
+    @with_draw_parameters
     def sample(self, rng, size=None):
         """Random draws, ``scale / Gamma(shape, 1)``.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------
@@ -339,20 +304,8 @@ class InverseGamma:
         x = clip_log_draws(x, lambda i: np.log(b[i]) - _log_gamma_at(*gamma, i), gamma[1] | outside_range(x))
         return scalarize(x) if size is None else x
 
-    def sample_log(self, rng, size=None):
-        """Logarithms of random draws, exact for every shape and scale (never clipped); the
-        same random numbers as :meth:`sample`.
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-        size : None, int or tuple of int, optional
-
-        Returns
-        -------
-        numpy.ndarray
-            ``log scale - log G`` of shape ``size + self.shape``.
-        """
+    def _sample_log(self, rng, size):
+        """``log scale - log G``."""
         b, _, gamma = self._log_draws(rng, size)
         return np.log(b) - _log_gamma_at(*gamma, ...)
 

@@ -6,6 +6,7 @@ import numpy as np
 import scipy.linalg
 import scipy.special as sc
 
+from vbsvm.distributions.base import with_draw_parameters
 from vbsvm.distributions.common import LOG_2PI, chol_lower, readonly, scalarize, size_tuple
 
 __all__ = ["FAR_TAIL_SD", "Gaussian", "sample_truncated_normal", "sample_truncated_std_normal"]
@@ -174,15 +175,11 @@ class Gaussian:
         return scalarize(np.asarray(
             -0.5 * (self.dim * LOG_2PI + self.logdet_cov() + quad)))
 
+    @with_draw_parameters
     def sample(self, rng, size=None):
         r"""Random draws :math:`\mu + L^{-T} z`, :math:`z \sim N(0, I)`.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------

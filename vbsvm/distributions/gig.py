@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vbsvm.distributions.base import PositiveLaw, with_draw_parameters
 from vbsvm.distributions.bessel import dlog_kv_dnu, exp_e1, log_kve
 from vbsvm.distributions.common import (
     LOG_2,
@@ -302,7 +303,7 @@ def _sample_log_gig(p, log_b, rng):
     return out.reshape(shape)
 
 
-class GIG:
+class GIG(PositiveLaw):
     r"""Generalized inverse Gaussian distribution (vectorized).
 
     Density :math:`\propto x^{\gamma-1} \exp\{-(\psi x + \chi / x) / 2\}` on
@@ -368,9 +369,6 @@ class GIG:
         self._mhalf = self.gamma == -0.5
         self._general = ~(self._half | self._mhalf)
         self._all_half = bool(self._half.all())
-
-    def __repr__(self):
-        return f"GIG(shape={self.shape})"
 
     # -- dispatch ---------------------------------------------------------
     def _by_case(self, f_half, f_mhalf, f_general):
@@ -523,37 +521,17 @@ class GIG:
 
         return self._by_case(half, mhalf, gen)
 
-    def logpdf(self, x):
-        r"""Log density.
+    def _log_density(self, x):
+        r""":math:`(\gamma-1)\log x - (\psi x + \chi/x)/2 - \log Z` at positive ``x``."""
+        return ((self.gamma - 1.0) * np.log(x)
+                - 0.5 * (self.psi * x + self.chi / x)
+                - self.log_normalizer())
 
-        Parameters
-        ----------
-        x : array_like
-            Points, broadcast against the parameters.
-
-        Returns
-        -------
-        numpy.ndarray or numpy.float64
-            :math:`(\gamma-1)\log x - (\psi x + \chi/x)/2 - \log Z`;
-            ``-inf`` for ``x <= 0``.
-        """
-        x = np.asarray(x, dtype=np.float64)
-        pos = x > 0
-        xs = np.where(pos, x, 1.0)
-        val = ((self.gamma - 1.0) * np.log(xs)
-               - 0.5 * (self.psi * xs + self.chi / xs)
-               - self.log_normalizer())
-        return scalarize(np.where(pos, val, -np.inf))
-
+    @with_draw_parameters
     def sample(self, rng, size=None):
         r"""Random draws.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------
@@ -578,20 +556,8 @@ class GIG:
         """
         return self._draw(rng, size, log=False)
 
-    def sample_log(self, rng, size=None):
-        """Logarithms of random draws, exact for every parameter (never clipped); the same
-        random numbers as :meth:`sample`.
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-        size : None, int or tuple of int, optional
-
-        Returns
-        -------
-        numpy.ndarray
-            Shape ``size + self.shape``.
-        """
+    def _sample_log(self, rng, size):
+        """The logarithms of :meth:`sample`'s draws, exact."""
         return self._draw(rng, size, log=True)
 
     def _draw(self, rng, size, log):
@@ -633,7 +599,7 @@ class GIG:
 # ---------------------------------------------------------------------------
 # Inverse Gaussian
 # ---------------------------------------------------------------------------
-class InverseGaussian:
+class InverseGaussian(PositiveLaw):
     r"""Inverse Gaussian (Wald) distribution (vectorized).
 
     Density :math:`\sqrt{\lambda/(2\pi x^3)}
@@ -666,20 +632,9 @@ class InverseGaussian:
     """
 
     def __init__(self, mean, shape):
-        mu, lam = np.broadcast_arrays(np.asarray(mean, dtype=np.float64),
-                                      np.asarray(shape, dtype=np.float64))
-        if not np.all(mu > 0):
-            raise ValueError("InverseGaussian: mean must be strictly positive")
-        if not np.all(lam > 0):
-            raise ValueError("InverseGaussian: shape must be strictly positive")
-        self.mu = readonly(mu)
-        self.lam = readonly(lam)
-        self.shape = self.mu.shape
+        self.mu, self.lam = self._positive_parameters(mean=mean, shape=shape)
         with np.errstate(over="ignore", under="ignore"):
             self._omega = self.lam / self.mu
-
-    def __repr__(self):
-        return f"InverseGaussian(shape={self.shape})"
 
     def mean(self):
         """Expectation :math:`E[x] = \\mu`.
@@ -722,35 +677,16 @@ class InverseGaussian:
         return scalarize(0.5 * (LOG_2PI + 1.0 - np.log(self.lam))
                           + 1.5 * np.asarray(self.mean_log()))
 
-    def logpdf(self, x):
-        """Log density.
+    def _log_density(self, x):
+        r""":math:`\tfrac12 \log(\lambda / 2\pi x^3) - \lambda (x - \mu)^2 / (2 \mu^2 x)` at positive ``x``."""
+        return (0.5 * (np.log(self.lam) - LOG_2PI - 3.0 * np.log(x))
+                - self.lam * (x - self.mu) ** 2 / (2.0 * self.mu ** 2 * x))
 
-        Parameters
-        ----------
-        x : array_like
-            Points, broadcast against the parameters.
-
-        Returns
-        -------
-        numpy.ndarray or numpy.float64
-            Log density; ``-inf`` for ``x <= 0``.
-        """
-        x = np.asarray(x, dtype=np.float64)
-        pos = x > 0
-        xs = np.where(pos, x, 1.0)
-        val = (0.5 * (np.log(self.lam) - LOG_2PI - 3.0 * np.log(xs))
-               - self.lam * (xs - self.mu) ** 2 / (2.0 * self.mu ** 2 * xs))
-        return scalarize(np.where(pos, val, -np.inf))
-
+    @with_draw_parameters
     def sample(self, rng, size=None):
         """Random draws (Michael-Schucany-Haas, cancellation-free).
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------
@@ -777,20 +713,8 @@ class InverseGaussian:
         log_omega = np.broadcast_to(np.log(self.lam) - np.log(self.mu), full)[i]
         return _ig_log_draws(log_mu, log_omega, n[i], u[i])
 
-    def sample_log(self, rng, size=None):
-        """Logarithms of random draws, exact for every mean and shape (never clipped); the same
-        random numbers as :meth:`sample`.
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-        size : None, int or tuple of int, optional
-
-        Returns
-        -------
-        numpy.ndarray
-            Shape ``size + self.shape``.
-        """
+    def _sample_log(self, rng, size):
+        """The logarithms of :meth:`sample`'s draws, exact."""
         full = size_tuple(size) + self.shape
         _, _, n, u = _ig_core(np.broadcast_to(self._omega, full), rng, full)
         return self._log_draws(full, n, u)

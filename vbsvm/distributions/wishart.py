@@ -6,7 +6,15 @@ import numpy as np
 import scipy.linalg
 import scipy.special as sc
 
-from vbsvm.distributions.common import DRAW_RANGE, LOG_2, chol_lower, readonly, scalarize, size_tuple
+from vbsvm.distributions.base import with_draw_parameters
+from vbsvm.distributions.common import (
+    DRAW_RANGE,
+    LOG_2,
+    chol_lower,
+    readonly,
+    scalarize,
+    size_tuple,
+)
 from vbsvm.distributions.gamma import log_standard_gamma_draws
 
 __all__ = ["InverseWishart"]
@@ -164,6 +172,7 @@ class InverseWishart:
                      - 0.5 * (self.df + self.dim + 1.0) * q.mean_logdet()
                      - 0.5 * np.sum(self.scale * q.mean_inv()))
 
+    @with_draw_parameters
     def sample(self, rng, size=None):
         r"""Random draws by the Bartlett decomposition.
 
@@ -173,12 +182,7 @@ class InverseWishart:
         Wishart(:math:`\nu, \Psi^{-1}`), so :math:`S = B B^T` with
         :math:`B = C A^{-T}`.
 
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-            Source of randomness.
-        size : None, int or tuple of int, optional
-            Extra leading shape.
+        {draw_parameters}
 
         Returns
         -------

@@ -47,6 +47,7 @@ from vbsvm.models.missing import (
     imputation_spec,
 )
 from vbsvm.models.selection import LaplaceZeroModel, selection_setup
+from vbsvm.results.diagnostics import summary_monitor
 from vbsvm.results.fit import Fit, ThetaLayout
 from vbsvm.results.imputed import ImputedFit
 from vbsvm.results.selection import ImputedSelectionFit, SelectionFit
@@ -130,8 +131,7 @@ def fit_linear(design, settings) -> Fit:
         record=("theta", "sigma2", "cov", "log_pseudo_likelihood"), from_draws=from_draws,
         from_vb=lambda res: meanfield_posterior(res.q, res.elbo, M, model), from_mode=from_mode,
         calibrated=lambda model: fit_calibrated(model, settings, M),
-        monitor=lambda post: Fit(design=design, layout=layout, settings=settings, method=method,
-                                 posterior=post).summary_diagnostics())
+        monitor=summary_monitor(layout))
     with limit_blas(model.blas_work):  # the small products after the fit too
         posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
@@ -200,8 +200,7 @@ def fit_laplace_zero(design, settings, prior):
         from_draws=from_draws, from_vb=lambda res: dict(laplace_zero_arrays(model, res, M), sel_index=sel_index),
         calibrated=lambda model: dict(laplace_zero_calibrated_arrays(model, settings, M), sel_index=sel_index),
         vb_engine=vb_engine,
-        monitor=lambda post: SelectionFit(design=design, layout=layout, settings=settings, method=method,
-                                          posterior=post, info=dict(info)).summary_diagnostics())
+        monitor=summary_monitor(layout))
     posterior, run, settings = dispatch.fit(model, settings, readout)
     info.update(run)
     if hyper:
@@ -343,22 +342,59 @@ def fit_imputed(design, settings, prior=None):
     if method not in ("vb", "gibbs"):
         raise InputError(f"method={method!r} is not available with missing='impute'; use method='vb' or "
                          "method='gibbs' (or missing='drop' for the posterior mode).")
-    imputation = settings.imputation  # checked by the settings' table
-    cut = imputation == "conditional"
+    cut = settings.imputation == "conditional"  # checked by the settings' table
     if prior is not None and not cut:
         raise InputError("prior=LaplaceZero(...) with missing='impute' needs imputation='conditional' (the "
                          "default); the joint model's hinge feedback into the imputations is not covered.")
     completions = settings.get("vb_completions", pooled.VB_COMPLETIONS)
     spec = imputation_spec(design)
-    sigma2_mu, Psi, nu = hyperparameters(settings, spec.d)
+    hyper = hyperparameters(settings, spec.d)
+    model, settings, selection = _imputation_model(design, settings, prior, spec, hyper)
+    lin = model.linear
+    layout = ThetaLayout.from_model(lin, design)
+    M = design.to_original(lin.qd)
+    info = _imputation_info(design, settings, model, spec, hyper, selection)
+    if cut and method == "gibbs":
+        model.svm_sweeps = _cut_svm_sweeps(settings)
+        info["imputation"]["svm_sweeps"] = model.svm_sweeps
+    fit_class = _imputed_fit_class(prior)
+    read = _ImputedReadout(model, spec, M, selection=prior is not None, cut=cut)
+    readout = Readout(
+        record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
+        + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
+        + (("incl",) if prior is not None else ()),
+        from_draws=read.from_draws, from_vb=read.from_vb,
+        calibrated=(lambda model: _calibrated_imputation(model, settings, read.from_vb)) if cut and completions > 0
+        else None,
+        not_calibrated="missing='impute' with " + ("the joint model" if not cut else "vb_completions=0"),
+        vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
+        monitor=summary_monitor(layout))
+    posterior, run, settings = dispatch.fit(model, settings, readout)
+    info.update(run)
+    if method == "vb" and cut:
+        info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
+                                  vb_converged=bool(model.imputation_q["converged"]))
+    fit = fit_class(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
+    fit.info["summary_notes"] = fit._imputation_notes()
+    return fit
+
+
+def _imputation_model(design, settings, prior, spec, hyper):
+    """``(model, settings, selection)``: the imputation model of ``design`` (conditional or joint,
+    as ``settings.imputation`` says), its SVM block the Laplace-zero model with a ``prior``;
+    ``settings`` record the prior, ``selection`` is ``(selectable terms, rho)`` with a prior (else
+    None)."""
+    cut = settings.imputation == "conditional"
+    sigma2_mu, Psi, nu = hyper
     fixed_precision = fixed_effect_precision(design, settings["penalty"], settings["sigma2_beta"])
+    selection = None
     if prior is not None:
-        if method == "vb" and completions < 1:
+        if settings.method == "vb" and settings.get("vb_completions", pooled.VB_COMPLETIONS) < 1:
             raise InputError("prior=LaplaceZero(...) with missing='impute' pools VB fits over completions; "
                              "vb_completions must be >= 1.")
-        select, rho = selection_setup(design, settings, prior)  # rho: a number or a Beta hyperprior
+        selection = selection_setup(design, settings, prior)  # rho: a number or a Beta hyperprior
         fixed_precision = np.full(design.p, 1.0 / settings["sigma2_beta"])
-        fixed_precision[select] = np.nan
+        fixed_precision[selection[0]] = np.nan
         settings = settings.replace(prior=prior.to_dict())
     groups = random_effect_terms(design)
     if not cut and (spec.columns < 0).any():
@@ -372,36 +408,49 @@ def fit_imputed(design, settings, prior=None):
     model = cls(design.X, design.y, groups, fixed_precision, spec.columns, A=settings["A_u"],
                 B=settings["B_u"], sigma2_mu=sigma2_mu, Psi=Psi, nu=nu, completion=completion,
                 re_df=settings.get("re_df"), re_scale=settings.get("re_scale"))
-    lin = model.linear
     if prior is not None:
-        model.svm = LaplaceZeroModel(None, design.y, groups, select, rho, sigma2_beta=settings["sigma2_beta"],
-                                     A=settings["A_u"], B=settings["B_u"], base=lin)
-    layout = ThetaLayout.from_model(lin, design)
-    M = design.to_original(lin.qd)
-    center, scale = spec.center, spec.scale
-    cc = model.cell_cols
+        model.svm = LaplaceZeroModel(None, design.y, groups, *selection, sigma2_beta=settings["sigma2_beta"],
+                                     A=settings["A_u"], B=settings["B_u"], base=model.linear)
+    return model, settings, selection
+
+
+def _imputation_info(design, settings, model, spec, hyper, selection):
+    """The ``info`` of an imputed fit before the run: the model's name, the imputation model's
+    description and, with a Laplace-zero prior (``selection``), the selection's."""
+    sigma2_mu, Psi, nu = hyper
     info = {
         "model": "Bayesian linear SVM with imputed missing predictors"
                  + random_effects_label(design).replace(" with", " and", 1),
         "imputation": {
-            "model": imputation, "columns": list(spec.names), "n_missing": [int(x) for x in model.mask.sum(axis=0)],
+            "model": settings.imputation, "columns": list(spec.names),
+            "n_missing": [int(x) for x in model.mask.sum(axis=0)],
             "n_incomplete_rows": int(model.mrows.size), "n_patterns": len(model.patterns),
             "sigma2_mu": sigma2_mu, "Psi": Psi.tolist(), "nu": nu, "prior_proper": bool(model.prior_proper),
         },
     }
-    if prior is not None:
+    if selection is not None:
+        select, rho = selection
         info["model"] = info["model"].replace("SVM with", "SVM with Laplace-zero selection,", 1)
         info.update(n_selectable=int(select.sum()))
         if model.svm.hyperprior:  # integrated by each method; its posterior is not kept by the pooled fits
             info.update(rho_prior=[float(x) for x in model.svm.rho_prior], rho=float("nan"))
         else:
             info["rho"] = float(rho)
-    if cut and method == "gibbs":
-        model.svm_sweeps = _cut_svm_sweeps(settings)
-        info["imputation"]["svm_sweeps"] = model.svm_sweeps
-    fit_class = _imputed_fit_class(prior)
+    return info
 
-    def from_vb(res):
+
+class _ImputedReadout:
+    """The posterior arrays of an imputed fit, on the original scale of the predictors, from the
+    VB q (:meth:`from_vb`) or the Gibbs draws (:meth:`from_draws`)."""
+
+    def __init__(self, model, spec, M, selection, cut):
+        self.model, self.lin, self.M = model, model.linear, M
+        self.center, self.scale = spec.center, spec.scale
+        self.selection, self.cut = selection, cut
+
+    def from_vb(self, res):
+        model, lin, M, center, scale = self.model, self.lin, self.M, self.center, self.scale
+        cc = model.cell_cols
         q = res.q
         if "theta_cov_ds" not in q:
             q["theta_cov_ds"] = q["theta"].cov_dense_sparse() if lin.m_sparse else np.zeros((lin.qd, 0))
@@ -409,15 +458,7 @@ def fit_imputed(design, settings, prior=None):
         mean = _to_original(q["theta_mean"], lin, M)
         var = q["theta_var"].copy()
         var[: lin.qd] = np.diag(cov_d)
-        # missing cells: per-row blocks on the original scale
-        cell_var = np.empty(model.n_cells)
-        dmax = max((p.m for p in model.patterns), default=0)
-        rowcov = np.zeros((model.mrows.size, dmax, dmax))
-        for pat, blk in zip(model.patterns, q["blocks"]):
-            V, g = blk["V"], blk["g"]
-            cov = np.einsum("jk,ik,lk->ijl", V, g, V) * np.outer(scale[pat.miss], scale[pat.miss])
-            rowcov[pat.pos, : pat.m, : pat.m] = cov
-            cell_var[pat.cells] = np.einsum("ijj->ij", cov)
+        cell_var, rowcov = self._cell_covariances(q["blocks"])
         Sg = np.outer(scale, scale)
         posterior = {
             "theta_mean": mean, "theta_var": var, "theta_cov_dense": cov_d,
@@ -438,49 +479,45 @@ def fit_imputed(design, settings, prior=None):
         if lin.m_sparse and lin.q_sparse > 1:  # each level's q x q block of the slope term
             posterior["theta_cov_ss_blocks"] = (q["theta_cov_ss_blocks"] if "theta_cov_ss_blocks" in q
                                                 else q["theta"].sparse_block_cov())
-        if prior is not None:  # the effective coefficients u = gamma~ * theta and the Laplace-zero q
+        if self.selection:  # the effective coefficients u = gamma~ * theta and the Laplace-zero q
             posterior.update(laplace_zero_arrays(model.svm, res, M), sel_index=model.svm.sel.astype(np.int64))
-        if cut:
+        if self.cut:
             posterior["class_means_mean"] = center + scale * q["class_means"]
             posterior["class_means_cov"] = q["class_mean_covs"] * Sg
         return posterior
 
-    def from_draws(draws):
+    def _cell_covariances(self, blocks):
+        """The missing cells' variances and each incomplete row's covariance block (rows padded
+        to the largest pattern), on the original scale, from the q blocks of the patterns."""
+        model, scale = self.model, self.scale
+        cell_var = np.empty(model.n_cells)
+        dmax = max((p.m for p in model.patterns), default=0)
+        rowcov = np.zeros((model.mrows.size, dmax, dmax))
+        for pat, blk in zip(model.patterns, blocks):
+            V, g = blk["V"], blk["g"]
+            cov = np.einsum("jk,ik,lk->ijl", V, g, V) * np.outer(scale[pat.miss], scale[pat.miss])
+            rowcov[pat.pos, : pat.m, : pat.m] = cov
+            cell_var[pat.cells] = np.einsum("ijj->ij", cov)
+        return cell_var, rowcov
+
+    def from_draws(self, draws):
+        model, lin, M, center, scale = self.model, self.lin, self.M, self.center, self.scale
+        cc = model.cell_cols
         posterior = {
-            "theta_draws": _to_original(draws["u" if prior is not None else "theta"], lin, M),
+            "theta_draws": _to_original(draws["u" if self.selection else "theta"], lin, M),
             "sigma2_draws": draws["sigma2"], "log_pseudo_likelihood": draws["log_pseudo_likelihood"],
             "x_missing_draws": center[cc] + scale[cc] * draws["x_missing"],
             "mu_draws": center + scale * draws["mu"],
             "Sigma_draws": draws["Sigma"] * np.outer(scale, scale),
         }
-        if cut:
+        if self.cut:
             posterior["gamma_draws"] = scale * draws["gamma"]
         if lin.covariance_components:
             posterior["cov_draws"] = draws["cov"]
-        if prior is not None:  # "gamma_draws" are the indicators of a selection fit
+        if self.selection:  # "gamma_draws" are the indicators of a selection fit
             posterior.update(label_effect_draws=posterior.pop("gamma_draws"),
                              gamma_draws=draws["incl"].astype(np.int8), sel_index=model.svm.sel.astype(np.int64))
         return posterior
-
-    readout = Readout(
-        record=("u" if prior is not None else "theta", "sigma2", "log_pseudo_likelihood", "x_missing", "mu", "Sigma")
-        + (("gamma",) if cut else ()) + (("cov",) if lin.covariance_components else ())
-        + (("incl",) if prior is not None else ()),
-        from_draws=from_draws, from_vb=from_vb,
-        calibrated=(lambda model: _calibrated_imputation(model, settings, from_vb)) if cut and completions > 0
-        else None,
-        not_calibrated="missing='impute' with " + ("the joint model" if not cut else "vb_completions=0"),
-        vb_engine=pooled.pooled_vb_cut if cut and completions > 0 else None,
-        monitor=lambda post: fit_class(design=design, layout=layout, method=method, posterior=post,
-                                       settings=settings, info=dict(info)).summary_diagnostics())
-    posterior, run, settings = dispatch.fit(model, settings, readout)
-    info.update(run)
-    if method == "vb" and cut:
-        info["imputation"].update(vb_iterations=int(model.imputation_q["iterations"]),
-                                  vb_converged=bool(model.imputation_q["converged"]))
-    fit = fit_class(design=design, layout=layout, settings=settings, method=method, posterior=posterior, info=info)
-    fit.info["summary_notes"] = fit._imputation_notes()
-    return fit
 
 
 def _calibrated_imputation(model, settings, from_vb):

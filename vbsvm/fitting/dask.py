@@ -110,7 +110,8 @@ from vbsvm.inference.failures import numerical_failures
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel, fixed_effect_precision, meanfield_posterior
 from vbsvm.results.dask import DaskFit
-from vbsvm.results.fit import ThetaLayout, calibration_scale
+from vbsvm.results.fit import ThetaLayout
+from vbsvm.results.prediction import calibration_scale
 from vbsvm.sources.dask_blocks import (
     BLOCK_BYTES,
     DaskState,
@@ -325,7 +326,7 @@ def _check_groups(design, settings):
 
 
 def _probit_calibration(post, blocks):
-    """:func:`vbsvm.results.fit.fit_probit_calibration` over the partitions: the scores of the
+    """:func:`vbsvm.results.prediction.fit_probit_calibration` over the partitions: the scores of the
     training rows under the final ``q(theta)`` are computed at the first evaluation and kept in
     the blocks (16 bytes a row, in memory or in the spill files) while the one-dimensional search
     sums the log likelihood over them."""

@@ -40,7 +40,7 @@ from vbsvm.models.gp import (
     sample_rows,
     select_inducing,
 )
-from vbsvm.results.fit import diagnostics_table, warn_unconverged
+from vbsvm.results.diagnostics import diagnostics_table, warn_unconverged
 from vbsvm.results.gp import GPFit
 from vbsvm.settings import ARGUMENT_RULES, GP_CONSTRAINTS, GPSettings, validate
 from vbsvm.sources.dask_frames import DaskBatches, is_dask_frame, learn_design
@@ -149,71 +149,13 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
     draws, max_draws = checked["draws"], checked["max_draws"]
     validate(checked, ARGUMENT_RULES)
     rng = np.random.default_rng(seed)
-    dask_source = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.sources.dask_frames.DaskBatches
-    streaming = callable(X) or dask_source
-    if dask_source:
-        if method != "svi":
-            raise InputError(f"a Dask DataFrame needs method='svi' (minibatches streamed from its partitions); "
-                             f"method={method!r} would hold every row in memory: fit a pandas frame instead.")
-        Xk, yk = X.sample(rng, max(monitor_size, 20 * (64 if n_inducing is None else int(n_inducing))))
-        n, d = X.n, Xk.shape[1]
-    elif streaming:
-        if method != "svi":
-            raise InputError("streamed data (a callable data source) needs method='svi'")
-        first = next(iter(X()))
-        X0, y0 = np.asarray(first[0], float), np.asarray(first[1], float)
-        if n_obs is None:
-            n_obs = sum(np.shape(c[1])[0] for c in X())
-        n, d = int(n_obs), X0.shape[1]
-        Xk, yk = X0, y0
-    else:
-        X = np.asarray(X, dtype=float)
-        y = np.asarray(y, dtype=float)
-        if X.ndim != 2 or y.shape != (X.shape[0],):
-            raise InputError(f"X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
-        # validated in row blocks so that no n-sized temporary is allocated
-        for s0 in range(0, X.shape[0], 65536):
-            yb = y[s0:s0 + 65536]
-            if not np.all((yb == 1.0) | (yb == -1.0)):
-                raise InputError("y must be coded -1/+1 (use gpsvm with a formula for other codings)")
-            if not np.all(np.isfinite(X[s0:s0 + 65536])):
-                raise InputError("X has NaN or infinite values; drop or impute those rows")
-        n, d = X.shape
-        Xk, yk = X, y
-    if method == "vb" and n_inducing is None:
-        inducing_eff = "data"
-    else:
-        inducing_eff = inducing
-    m = validate({"n_inducing": 64 if n_inducing is None else n_inducing}, GP_CONSTRAINTS)["n_inducing"]
-    full = isinstance(inducing_eff, str) and inducing_eff == "data"
-    limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
-    m_eff = min(n if full else m, n)
-    if (method == "vb" or (method == "gibbs" and optimize)) and m_eff > limit:
-        learn = " when it learns the hyperparameters (optimize=True)" if optimize else ""
-        other = (f", or optimize=False (fixed hyperparameters, up to {VB_MAX_INDUCING})"
-                 if optimize else "")
-        raise InputError(
-            f"method={method!r} runs batch VB with {m_eff} inducing points"
-            f"{' (n_inducing=None: the full GP, every row)' if full else ''}, but batch VB is "
-            f"limited to {limit}{learn}: each sweep costs O(n m^2 + m^3). Use method='svi' "
-            f"(minibatches; 64 inducing points by default), or n_inducing <= {limit}{other}.")
+    data = _TrainingData(X, y, method, rng, n_obs=n_obs, monitor_size=monitor_size, n_inducing=n_inducing)
+    X, y, n, d = data.X, data.y, data.n, data.d
+    m, how = _inducing_size(n, method, n_inducing, inducing, optimize)
     k = make_kernel(kernel, d, lengthscale=lengthscale, variance=variance, bias=bias,
                     feature_names=feature_names)
-    if isinstance(inducing_eff, str):
-        Z = select_inducing(Xk, m, inducing_eff, rng=rng)
-    else:
-        Z = np.asarray(inducing_eff, dtype=float)
-        if Z.ndim != 2 or Z.shape[1] != d:
-            raise InputError(f"inducing must be 'kmeans', 'random' or an (m, {d}) array")
-    blocks = InducingGP(k, Z, jitter=jitter)
-    mask = None
-    if learn is not None:
-        names = k.param_names()
-        unknown = [nm for nm in learn if nm not in names]
-        if unknown:
-            raise InputError(f"learn={list(learn)!r}: unknown hyperparameter(s) {unknown}; "
-                             f"choose from {names}")
-        mask = np.array([1.0 if nm in learn else 0.0 for nm in names])
+    blocks = InducingGP(k, _inducing_points(data.Xk, m, how, rng), jitter=jitter)
+    mask = _learn_mask(k, learn)
     gibbs = None
     with limit_blas(float(blocks.m) ** 3):
         if method == "vb":
@@ -222,16 +164,7 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
                            optimize=optimize, optimize_inducing=optimize_inducing,
                            hyper_mask=mask, progress=progress)
         elif method == "svi":
-            if dask_source:
-                src = X.batches(batch_size or 100, rng)
-                mon = (Xk[:monitor_size], yk[:monitor_size])
-            elif streaming:
-                src = StreamBatches(X, n, batch_size or 100, rng)
-                mon = (Xk[:monitor_size], yk[:monitor_size])
-            else:
-                src = ArrayBatches(X, y, batch_size or 100, rng)
-                idx = np.sort(sample_rows(rng, n, monitor_size))
-                mon = (X[idx], y[idx])
+            src, mon = data.minibatches(batch_size or 100, monitor_size, rng)
             st = fit_svi(blocks, src, n, max_iter=max_iter or 20000, step=step, tol=tol or 1e-3,
                          optimize=optimize, hyper_every=hyper_every, hyper_lr=hyper_lr,
                          optimize_inducing=optimize_inducing, monitor=mon, hyper_mask=mask,
@@ -249,20 +182,132 @@ def fit_gp(X, y, *, kernel="rbf", n_inducing=None, inducing="kmeans", batch_size
             run = {}
             record_run_length(run, res)
             draws = int(res.n_draws)
-            st = FitState(q=_gaussian_of_draws(v), blocks=blocks,
-                          elbo=st.elbo if st else np.zeros(0),
-                          elbo_iter=st.elbo_iter if st else np.zeros(0, int),
-                          theta_trace=st.theta_trace if st else blocks.kernel.theta[None],
-                          n_iter=chains * (tune + draws * thin), converged=True,
-                          seconds=res.seconds + (st.seconds if st else 0.0), method="gibbs")
+            st = _gibbs_state(v, res, blocks, st, n_iter=chains * (tune + draws * thin))
             gibbs = v
             warn_unconverged(diagnostics_table(inducing_values(v, blocks)), draws, run, stacklevel=4)
     return GPFit(state=st, method=method, n_obs=n, n_features=d, design=_design,
                  formula=_formula, gibbs_draws=gibbs, settings=GPSettings(
                      kernel=str(kernel), n_inducing=blocks.m, inducing=str(inducing if isinstance(inducing, str) else "array"),
                      batch_size=batch_size, optimize=optimize, step=str(step), seed=seed,
-                     tune=tune, chains=chains, thin=thin, n_jobs=n_jobs, streaming=streaming,
+                     tune=tune, chains=chains, thin=thin, n_jobs=n_jobs, streaming=data.streaming,
                      **({"draws": draws} if gibbs is None else run)))
+
+
+class _TrainingData:
+    """The training rows of :func:`fit_gp`, checked: arrays, a stream (a callable returning an
+    iterator over chunks) or a Dask source (``batches`` and ``sample``). ``Xk, yk`` are the rows
+    held in memory that choose the inducing points and give the SVI monitor rows (a Dask source's
+    sample of at least ``monitor_size`` rows and 20 per inducing point, a stream's first chunk,
+    all the arrays)."""
+
+    def __init__(self, X, y, method, rng, n_obs, monitor_size, n_inducing):
+        self.dask = hasattr(X, "batches") and hasattr(X, "sample")  # vbsvm.sources.dask_frames.DaskBatches
+        self.streaming = callable(X) or self.dask
+        if self.dask:
+            if method != "svi":
+                raise InputError(f"a Dask DataFrame needs method='svi' (minibatches streamed from its partitions); "
+                                 f"method={method!r} would hold every row in memory: fit a pandas frame instead.")
+            Xk, yk = X.sample(rng, max(monitor_size, 20 * (64 if n_inducing is None else int(n_inducing))))
+            n, d = X.n, Xk.shape[1]
+        elif self.streaming:
+            if method != "svi":
+                raise InputError("streamed data (a callable data source) needs method='svi'")
+            first = next(iter(X()))
+            X0, y0 = np.asarray(first[0], float), np.asarray(first[1], float)
+            if n_obs is None:
+                n_obs = sum(np.shape(c[1])[0] for c in X())
+            n, d = int(n_obs), X0.shape[1]
+            Xk, yk = X0, y0
+        else:
+            X = np.asarray(X, dtype=float)
+            y = np.asarray(y, dtype=float)
+            _check_arrays(X, y)
+            n, d = X.shape
+            Xk, yk = X, y
+        self.X, self.y, self.n, self.d, self.Xk, self.yk = X, y, n, d, Xk, yk
+
+    def minibatches(self, batch_size, monitor_size, rng):
+        """``(source of minibatches, (X, y) of the SVI monitor rows)``."""
+        if self.dask:
+            return self.X.batches(batch_size, rng), (self.Xk[:monitor_size], self.yk[:monitor_size])
+        if self.streaming:
+            return (StreamBatches(self.X, self.n, batch_size, rng),
+                    (self.Xk[:monitor_size], self.yk[:monitor_size]))
+        src = ArrayBatches(self.X, self.y, batch_size, rng)
+        idx = np.sort(sample_rows(rng, self.n, monitor_size))
+        return src, (self.X[idx], self.y[idx])
+
+
+def _check_arrays(X, y):
+    """Raise an InputError unless ``X`` is ``(n, d)`` and finite and ``y`` is ``(n,)`` in {-1, +1}
+    (checked in row blocks, so that no n-sized temporary is allocated)."""
+    if X.ndim != 2 or y.shape != (X.shape[0],):
+        raise InputError(f"X must be (n, d) and y (n,), got {X.shape} and {y.shape}")
+    for s0 in range(0, X.shape[0], 65536):
+        yb = y[s0:s0 + 65536]
+        if not np.all((yb == 1.0) | (yb == -1.0)):
+            raise InputError("y must be coded -1/+1 (use gpsvm with a formula for other codings)")
+        if not np.all(np.isfinite(X[s0:s0 + 65536])):
+            raise InputError("X has NaN or infinite values; drop or impute those rows")
+
+
+def _inducing_size(n, method, n_inducing, inducing, optimize):
+    """``(m, inducing)``: the number of inducing points asked for and how they are chosen
+    (``"data"``, every row, for batch VB with ``n_inducing=None``); raises when batch VB would
+    need more than it handles."""
+    if method == "vb" and n_inducing is None:
+        inducing_eff = "data"
+    else:
+        inducing_eff = inducing
+    m = validate({"n_inducing": 64 if n_inducing is None else n_inducing}, GP_CONSTRAINTS)["n_inducing"]
+    full = isinstance(inducing_eff, str) and inducing_eff == "data"
+    limit = VB_MAX_INDUCING_LEARN if optimize else VB_MAX_INDUCING
+    m_eff = min(n if full else m, n)
+    if (method == "vb" or (method == "gibbs" and optimize)) and m_eff > limit:
+        learn = " when it learns the hyperparameters (optimize=True)" if optimize else ""
+        other = (f", or optimize=False (fixed hyperparameters, up to {VB_MAX_INDUCING})"
+                 if optimize else "")
+        raise InputError(
+            f"method={method!r} runs batch VB with {m_eff} inducing points"
+            f"{' (n_inducing=None: the full GP, every row)' if full else ''}, but batch VB is "
+            f"limited to {limit}{learn}: each sweep costs O(n m^2 + m^3). Use method='svi' "
+            f"(minibatches; 64 inducing points by default), or n_inducing <= {limit}{other}.")
+    return m, inducing_eff
+
+
+def _inducing_points(Xk, m, inducing, rng):
+    """The inducing points ``Z`` (m, d): ``m`` chosen from the rows ``Xk`` by ``inducing``
+    (``"kmeans"``, ``"random"``, ``"data"``), or ``inducing`` itself, an array."""
+    d = Xk.shape[1]
+    if isinstance(inducing, str):
+        return select_inducing(Xk, m, inducing, rng=rng)
+    Z = np.asarray(inducing, dtype=float)
+    if Z.ndim != 2 or Z.shape[1] != d:
+        raise InputError(f"inducing must be 'kmeans', 'random' or an (m, {d}) array")
+    return Z
+
+
+def _learn_mask(kernel, learn):
+    """The 0/1 mask of the kernel's hyperparameters named in ``learn`` (None: all of them)."""
+    if learn is None:
+        return None
+    names = kernel.param_names()
+    unknown = [nm for nm in learn if nm not in names]
+    if unknown:
+        raise InputError(f"learn={list(learn)!r}: unknown hyperparameter(s) {unknown}; "
+                         f"choose from {names}")
+    return np.array([1.0 if nm in learn else 0.0 for nm in names])
+
+
+def _gibbs_state(v, res, blocks, vb, n_iter):
+    """The fit state of a Gibbs run: the Gaussian of the draws ``v`` as q, the ELBO and
+    hyperparameter traces of the VB fit ``vb`` that learned the hyperparameters (None: none)."""
+    return FitState(q=_gaussian_of_draws(v), blocks=blocks,
+                    elbo=vb.elbo if vb else np.zeros(0),
+                    elbo_iter=vb.elbo_iter if vb else np.zeros(0, int),
+                    theta_trace=vb.theta_trace if vb else blocks.kernel.theta[None],
+                    n_iter=n_iter, converged=True,
+                    seconds=res.seconds + (vb.seconds if vb else 0.0), method="gibbs")
 
 
 def _gaussian_of_draws(v) -> WhitenedGaussian:

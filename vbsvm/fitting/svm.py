@@ -20,9 +20,10 @@ from vbsvm.inference.run_fingerprint import run_fingerprint
 from vbsvm.inference.threads import limit_blas
 from vbsvm.io.fit_file import check_loaded, read_fit_file, refusing
 from vbsvm.models.linear_algebra import row_blocks
-from vbsvm.results.fit import Fit, fit_probit_calibration
+from vbsvm.results.fit import Fit
 from vbsvm.results.gp import GPFit
 from vbsvm.results.imputed import ImputedFit
+from vbsvm.results.prediction import fit_probit_calibration
 from vbsvm.results.selection import SelectionFit
 from vbsvm.settings import ARGUMENT_RULES, FitSettings, validate
 from vbsvm.sources.dask_frames import is_dask_frame

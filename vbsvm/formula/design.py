@@ -807,44 +807,12 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         raise InputError("data has no rows; pass a non-empty DataFrame.")
     response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns)
     _check_r_calls(formula, columns)
-    fixed = _expand_dot(fixed, columns, response, groups)
-    rhs_formula = fixed
+    rhs_formula = _expand_dot(fixed, columns, response, groups)
     if not data.columns.is_unique:  # before anything looks a column up by its name
         _check_unique_columns(data, [response, *groups] + sorted(_mentioned_columns(
-            " ".join([fixed] + [t[0] for t in re_terms]), columns)))
+            " ".join([rhs_formula] + [t[0] for t in re_terms]), columns)))
     plain = _plain_numeric_columns(rhs_formula, data)
-    try:
-        needed = set(plain[0]) if plain is not None else _required_columns(rhs_formula, columns,
-                                                                             {response, *groups})
-        re_vars = set().union(*(_required_columns(t[0], columns, {response, *groups})
-                                for t in re_terms if t[0] != "1"))
-        # keep the data's column order, so that a saved fit rebuilds 'y ~ .' identically
-        order = lambda v: (columns.index(v) if v in columns else len(columns), v)  # noqa: E731
-        needed_vars = sorted(needed, key=order)
-        re_vars = sorted(re_vars - needed, key=order)
-    except FormulaicError as exc:
-        raise FormulaError(f"cannot parse the formula {formula!r}: {_formulaic_text(exc).rstrip('.')}."
-                           + _spaced_names_hint(formula, columns)) from None
-    except SyntaxError as exc:  # formulaic parses each term as Python
-        raise _python_syntax_error(formula, exc, f"the formula {formula!r}") from None
-    needed_vars = needed_vars + re_vars
-    absent = [v for v in needed_vars if v not in columns]
-    called = set(call_names(formula))
-    unknown = [v for v in absent if v in called]
-    if unknown:
-        raise FormulaError(f"the formula {formula!r} calls {unknown[0]}(), which is neither a column nor a "
-                           "function a formula can call: " + (r_call_problem(unknown[0], formula) or (
-                               "use np.<function>(x) for numpy's elementwise functions, I(...) for "
-                               "arithmetic, or the transforms C(), poly(), bs(), cr(), center(), scale(), "
-                               "log(), exp()")) + ".")
-    if absent:
-        hints = {v: difflib.get_close_matches(v, columns, n=1) for v in absent}
-        detail = "; ".join(
-            f"{v!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for v, h in hints.items()
-        )
-        shown = "" if all(hints.values()) else f" The columns are {columns[:20]}{' ...' if len(columns) > 20 else ''}."
-        raise FormulaError(f"the formula uses name(s) that are not columns of data: {detail}.{shown} "
-                           "Use column names (backquote names with spaces: `my var`).")
+    needed_vars, re_vars = _formula_variables(formula, rhs_formula, re_terms, (response, groups, columns), plain)
     fixed_vars = [v for v in needed_vars if v != response and v not in re_vars]
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
@@ -852,91 +820,18 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
     _check_column_types(raw, [v for v in needed_vars if v != response])
     _check_factor_sizes(raw, fixed_vars, rhs_formula)
-
-    # Missing values in predictors / grouping columns.
     predictor_cols = [v for v in needed_vars if v != response]
-    pred_missing = _missing_mask(raw, predictor_cols)
-    group_missing = _missing_mask(raw, groups)
-    if raw[response].isna().any():
-        _code_response(raw[response], response)  # raises with the standard message
-    n_dropped = 0
-    if missing == "raise" and (pred_missing.any() or group_missing.any()):
-        bad = {c: int(raw[c].isna().sum()) for c in predictor_cols + groups if raw[c].isna().any()}
-        raise InputError(
-            f"missing values in predictor column(s) {bad} (counts); use missing='drop' to remove "
-            "incomplete rows or missing='impute' to model them."
-        )
-    drop = group_missing | (pred_missing if missing == "drop" else False)
-    if missing == "impute" and group_missing.any():
-        raise InputError(
-            f"grouping column(s) {[g for g in groups if raw[g].isna().any()]} have missing values; "
-            "they cannot be imputed: drop those rows first."
-        )
-    if drop.any():
-        n_dropped = int(drop.sum())
-        raw = raw.loc[~drop]
-    if len(raw) == 0:
-        raise InputError(
-            "no complete rows remain after removing rows with missing values (missing values per "
-            f"column: { {c: int(data[c].isna().sum()) for c in used if data[c].isna().any()} }); use "
-            "missing='impute' to model them, or fill or drop the mostly-missing column(s)."
-        )
+    raw, n_dropped = _drop_missing_rows(raw, data, used, (response, predictor_cols, groups), missing)
 
     y, neg, pos = _code_response(raw[response], response)
-    if plain is not None:
-        # A sum of numeric columns: the model matrix is the columns themselves (formulaic would
-        # give the same matrix, at ~1 ms per column).
-        spec = PlainSpec(*plain)
-        names = spec.column_names
-        X = spec.matrix(raw)
-    else:
-        spec, names, X = _formulaic_design(rhs_formula, raw, f"the formula {formula!r}")
-    cols = [names[j] for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]  # column by column: no n x p mask
-    if cols:
-        raise InputError(
-            f"design column(s) {cols} contain infinite values (e.g. log of 0); transform or "
-            "filter the data so that every predictor is finite."
-        )
+    spec, names, X = _fixed_effect_matrix(raw, plain, rhs_formula, formula)
     has_intercept = "Intercept" in names
-    if X.shape[1] == 0:
-        raise FormulaError(
-            f"the formula {formula!r} has no fixed effects and no intercept; add a predictor or "
-            "keep the intercept (drop '- 1' / '+ 0')."
-        )
-
     # all False without a missing entry (the usual case): a read-only view of one value, not n x p
     mask = np.isnan(X) if any(np.isnan(X[:, j]).any() for j in range(X.shape[1])) else \
         np.broadcast_to(np.False_, X.shape)
-    # formulaic codes a missing categorical as its own level: take the mask from raw columns.
     if missing == "impute":
-        for v in predictor_cols:
-            if raw[v].isna().any() and not pd.api.types.is_numeric_dtype(raw[v]):
-                raise InputError(
-                    f"categorical predictor {v!r} has missing values; imputation of categorical "
-                    "predictors is not supported: drop those rows or add an explicit 'missing' level."
-                )
-
-    center = np.zeros(X.shape[1])
-    scale = np.ones(X.shape[1])
-    for j, name in enumerate(names):
-        if name == "Intercept":
-            continue
-        col = X[~mask[:, j], j]
-        top = np.abs(col).max() if col.size else 0.0
-        unit = col / top if top > 0 else col  # no overflow in the squares of values near 1e300
-        sd = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
-        if not sd > 0:
-            raise InputError(
-                f"design column {name!r} is constant ({col[0] if col.size else 'empty'}); it "
-                "carries no information and is not identified with an intercept: remove it "
-                "from the formula."
-            )
-        if standardize:
-            center[j] = top * unit.mean() if has_intercept else 0.0
-            scale[j] = sd
-    X = np.asfortranarray(X)  # in place from here: the design is the one n x p copy of the data
-    X -= center
-    X /= scale
+        _check_imputable(raw, predictor_cols)
+    X, center, scale = _standardized(X, names, mask, has_intercept, standardize)
 
     gfactors = _random_effect_terms(re_terms, raw, missing)
     labels = [g.name for g in gfactors]
@@ -965,6 +860,152 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         spec=spec,
         fixed_vars=fixed_vars,
     )
+
+
+def _formula_variables(formula: str, rhs_formula: str, re_terms, names, plain):
+    """The data columns the formula uses, ``(all of them, those of the random effects alone)``, in
+    the data's column order (so that a saved fit rebuilds ``'y ~ .'`` identically); ``names`` is
+    ``(response, grouping columns, data columns)``. Raises a FormulaError for a name that is
+    neither a column nor a function."""
+    response, groups, columns = names
+    try:
+        needed = set(plain[0]) if plain is not None else _required_columns(rhs_formula, columns,
+                                                                             {response, *groups})
+        re_vars = set().union(*(_required_columns(t[0], columns, {response, *groups})
+                                for t in re_terms if t[0] != "1"))
+        order = lambda v: (columns.index(v) if v in columns else len(columns), v)  # noqa: E731
+        needed_vars = sorted(needed, key=order)
+        re_vars = sorted(re_vars - needed, key=order)
+    except FormulaicError as exc:
+        raise FormulaError(f"cannot parse the formula {formula!r}: {_formulaic_text(exc).rstrip('.')}."
+                           + _spaced_names_hint(formula, columns)) from None
+    except SyntaxError as exc:  # formulaic parses each term as Python
+        raise _python_syntax_error(formula, exc, f"the formula {formula!r}") from None
+    needed_vars = needed_vars + re_vars
+    _check_known_names(formula, needed_vars, columns)
+    return needed_vars, re_vars
+
+
+def _check_known_names(formula: str, variables, columns) -> None:
+    """Raise a FormulaError naming the ``variables`` of ``formula`` that are not ``columns``: a
+    call of an unknown function, or a name (with the nearest column)."""
+    absent = [v for v in variables if v not in columns]
+    called = set(call_names(formula))
+    unknown = [v for v in absent if v in called]
+    if unknown:
+        raise FormulaError(f"the formula {formula!r} calls {unknown[0]}(), which is neither a column nor a "
+                           "function a formula can call: " + (r_call_problem(unknown[0], formula) or (
+                               "use np.<function>(x) for numpy's elementwise functions, I(...) for "
+                               "arithmetic, or the transforms C(), poly(), bs(), cr(), center(), scale(), "
+                               "log(), exp()")) + ".")
+    if absent:
+        hints = {v: difflib.get_close_matches(v, columns, n=1) for v in absent}
+        detail = "; ".join(
+            f"{v!r}" + (f" (did you mean {h[0]!r}?)" if h else "") for v, h in hints.items()
+        )
+        shown = "" if all(hints.values()) else f" The columns are {columns[:20]}{' ...' if len(columns) > 20 else ''}."
+        raise FormulaError(f"the formula uses name(s) that are not columns of data: {detail}.{shown} "
+                           "Use column names (backquote names with spaces: `my var`).")
+
+
+def _drop_missing_rows(raw: pd.DataFrame, data: pd.DataFrame, used, roles, missing: str):
+    """``(raw without the rows that ``missing`` drops, how many)``: rows missing a grouping
+    column, and with ``missing="drop"`` rows missing a predictor; ``roles`` is ``(response,
+    predictor columns, grouping columns)``. Raises an InputError for a missing response,
+    for missing predictors with ``missing="raise"``, for a missing grouping column with
+    ``missing="impute"`` and when no row is left."""
+    response, predictor_cols, groups = roles
+    pred_missing = _missing_mask(raw, predictor_cols)
+    group_missing = _missing_mask(raw, groups)
+    if raw[response].isna().any():
+        _code_response(raw[response], response)  # raises with the standard message
+    n_dropped = 0
+    if missing == "raise" and (pred_missing.any() or group_missing.any()):
+        bad = {c: int(raw[c].isna().sum()) for c in predictor_cols + groups if raw[c].isna().any()}
+        raise InputError(
+            f"missing values in predictor column(s) {bad} (counts); use missing='drop' to remove "
+            "incomplete rows or missing='impute' to model them."
+        )
+    drop = group_missing | (pred_missing if missing == "drop" else False)
+    if missing == "impute" and group_missing.any():
+        raise InputError(
+            f"grouping column(s) {[g for g in groups if raw[g].isna().any()]} have missing values; "
+            "they cannot be imputed: drop those rows first."
+        )
+    if drop.any():
+        n_dropped = int(drop.sum())
+        raw = raw.loc[~drop]
+    if len(raw) == 0:
+        raise InputError(
+            "no complete rows remain after removing rows with missing values (missing values per "
+            f"column: { {c: int(data[c].isna().sum()) for c in used if data[c].isna().any()} }); use "
+            "missing='impute' to model them, or fill or drop the mostly-missing column(s)."
+        )
+    return raw, n_dropped
+
+
+def _fixed_effect_matrix(raw: pd.DataFrame, plain, rhs_formula: str, formula: str):
+    """``(spec, column names, X)`` of the fixed effects, ``X`` unstandardized; raises for an
+    infinite entry and for a design without columns."""
+    if plain is not None:
+        # A sum of numeric columns: the model matrix is the columns themselves (formulaic would
+        # give the same matrix, at ~1 ms per column).
+        spec = PlainSpec(*plain)
+        names = spec.column_names
+        X = spec.matrix(raw)
+    else:
+        spec, names, X = _formulaic_design(rhs_formula, raw, f"the formula {formula!r}")
+    cols = [names[j] for j in range(X.shape[1]) if np.isinf(X[:, j]).any()]  # column by column: no n x p mask
+    if cols:
+        raise InputError(
+            f"design column(s) {cols} contain infinite values (e.g. log of 0); transform or "
+            "filter the data so that every predictor is finite."
+        )
+    if X.shape[1] == 0:
+        raise FormulaError(
+            f"the formula {formula!r} has no fixed effects and no intercept; add a predictor or "
+            "keep the intercept (drop '- 1' / '+ 0')."
+        )
+    return spec, names, X
+
+
+def _check_imputable(raw: pd.DataFrame, predictor_cols) -> None:
+    """Raise an InputError for a categorical predictor with missing values (formulaic codes a
+    missing categorical as its own level, so the raw columns are checked)."""
+    for v in predictor_cols:
+        if raw[v].isna().any() and not pd.api.types.is_numeric_dtype(raw[v]):
+            raise InputError(
+                f"categorical predictor {v!r} has missing values; imputation of categorical "
+                "predictors is not supported: drop those rows or add an explicit 'missing' level."
+            )
+
+
+def _standardized(X: np.ndarray, names, mask: np.ndarray, has_intercept: bool, standardize: bool):
+    """``(X, center, scale)``: ``X`` in Fortran order, centred and scaled in place (centres and
+    scales ``0`` and ``1`` without ``standardize``, centres ``0`` without an intercept; the
+    observed entries of a column give its mean and sd). Raises an InputError for a constant column."""
+    center = np.zeros(X.shape[1])
+    scale = np.ones(X.shape[1])
+    for j, name in enumerate(names):
+        if name == "Intercept":
+            continue
+        col = X[~mask[:, j], j]
+        top = np.abs(col).max() if col.size else 0.0
+        unit = col / top if top > 0 else col  # no overflow in the squares of values near 1e300
+        sd = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
+        if not sd > 0:
+            raise InputError(
+                f"design column {name!r} is constant ({col[0] if col.size else 'empty'}); it "
+                "carries no information and is not identified with an intercept: remove it "
+                "from the formula."
+            )
+        if standardize:
+            center[j] = top * unit.mean() if has_intercept else 0.0
+            scale[j] = sd
+    X = np.asfortranarray(X)  # in place from here: the design is the one n x p copy of the data
+    X -= center
+    X /= scale
+    return X, center, scale
 
 
 def _formulaic_design(rhs: str, raw: pd.DataFrame, what: str):

@@ -259,20 +259,71 @@ def _hyper_step(blocks, q, adam, gth, gZ, inducing):
     return q, theta, True
 
 
-def _tail_average(blocks, windows):
-    """q(u) with the average natural parameters of the completed check windows (Polyak-Ruppert; a
-    convex combination of PD precisions, so PD), or None if they hold no step."""
-    P_sum = sum(w[0] for w in windows)
-    h_sum = sum(w[1] for w in windows)
-    k_sum = sum(w[2] for w in windows)
-    if k_sum == 0:
-        return None
-    q_avg = blocks.gaussian(P_sum / k_sum, h_sum / k_sum)
-    try:
-        q_avg.chol
-    except np.linalg.LinAlgError:  # pragma: no cover - convex combination of PD
-        return None
-    return q_avg
+class _TailWindows:
+    """Sums of the natural parameters of q(u) over the steps of each check window, for the
+    Polyak-Ruppert tail average of :func:`fit_svi`: the current window (``P``, ``h``, ``k``
+    steps) and the last completed ones since the hyperparameters last moved (``done``)."""
+
+    def __init__(self, m):
+        self.m = m
+        self.P, self.h, self.k = np.zeros((m, m)), np.zeros(m), 0
+        self.done = []
+        self.moved = False  # hyperparameters changed in the current window
+
+    def add(self, q):
+        """Add the step's q to the current window."""
+        self.P += q.prec
+        self.h += q.shift
+        self.k += 1
+
+    def close(self, keep):
+        """End the current window: keep it (with at most ``keep`` windows) unless the
+        hyperparameters moved during it, which drops them all."""
+        self.done = [] if self.moved else (self.done + [(self.P, self.h, self.k)])
+        self.done = self.done[-keep:]
+        self.P, self.h, self.k = np.zeros((self.m, self.m)), np.zeros(self.m), 0
+        self.moved = False
+
+    def average(self, blocks):
+        """q(u) with the average natural parameters of the completed windows (a convex
+        combination of PD precisions, so PD), or None if they hold no step."""
+        P_sum = sum(w[0] for w in self.done)
+        h_sum = sum(w[1] for w in self.done)
+        k_sum = sum(w[2] for w in self.done)
+        if k_sum == 0:
+            return None
+        q_avg = blocks.gaussian(P_sum / k_sum, h_sum / k_sum)
+        try:
+            q_avg.chol
+        except np.linalg.LinAlgError:  # pragma: no cover - convex combination of PD
+            return None
+        return q_avg
+
+
+def _check_schedule(source, n, check_every, min_iter, hyper_warmup, hyper_every):
+    """``(check_every, min_iter, hyper_warmup)`` of :func:`fit_svi`, the defaults filled in
+    (``hyper_every``: the steps between hyperparameter steps, None without them)."""
+    if check_every is None:
+        b = getattr(source, "b", None)
+        check_every = max(20, min(n // max(b or 100, 1), 500))
+        if hyper_every is not None:  # at least 5 hyperparameter steps per check window
+            check_every = max(check_every, 5 * hyper_every)
+    if min_iter is None:
+        min_iter = 2 * check_every
+    if hyper_warmup is None:
+        hyper_warmup = check_every
+    return check_every, min_iter, hyper_warmup
+
+
+def _check_elbo(blocks, q, monitor, n, step):
+    """The ELBO at a check: exact on the ``monitor`` rows (scaled to ``n``), else the minibatch
+    estimate of the ``step``'s ``(A, kt, y, scale)``."""
+    if monitor is not None:
+        Xm, ym = monitor
+        return blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0])
+    A, kt, yb, scale = step
+    c, fbar = blocks.local(A, kt, yb, q)
+    return scale * blocks.data_elbo(yb, fbar, c) - q.kl_to_std()
 
 
 def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4,
@@ -330,25 +381,15 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
     q = blocks.prior_q() if q is None else q
     sched = make_step(step)
     it_src = iter(source)
-    b = getattr(source, "b", None)
-    if check_every is None:
-        check_every = max(20, min(n // max(b or 100, 1), 500))
-        if optimize:  # at least 5 hyperparameter steps per check window
-            check_every = max(check_every, 5 * hyper_every)
-    if min_iter is None:
-        min_iter = 2 * check_every
-    if hyper_warmup is None:
-        hyper_warmup = check_every
+    check_every, min_iter, hyper_warmup = _check_schedule(source, n, check_every, min_iter, hyper_warmup,
+                                                          hyper_every if optimize else None)
     adam = Adam(lr=hyper_lr)
     elbos, elbo_at, thetas, rhos = [], [], [blocks.kernel.theta], []
     skipped = 0
     calm = 0
     converged = False
     t = 0
-    m = blocks.m
-    win_P, win_h, win_k = np.zeros((m, m)), np.zeros(m), 0
-    done_windows = []  # sums of the last completed windows since the hyperparameters last moved
-    moved = False  # hyperparameters changed in the current window
+    windows = _TailWindows(blocks.m)
     th_sum, th_k, prev_theta_mean = np.zeros(blocks.kernel.n_params), 0, None
     bar = progress_bar(max_iter, "SVI steps", progress)
     for t in range(1, max_iter + 1):
@@ -364,27 +405,20 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
         q, rho = stepped
         rhos.append(rho)
         if average:
-            win_P += q.prec
-            win_h += q.shift
-            win_k += 1
+            windows.add(q)
         if optimize and t >= hyper_warmup and t % hyper_every == 0:
             gth, gZ = blocks.hyper_grad(Xb, yb, q, scale=scale, inducing=optimize_inducing)
             if hyper_mask is not None:
                 gth = gth * hyper_mask
             if np.all(np.isfinite(gth)):
                 q, theta, ok = _hyper_step(blocks, q, adam, gth, gZ, optimize_inducing)
-                moved = True
+                windows.moved = True
                 th_sum += theta
                 th_k += 1
                 skipped += not ok
         if t % check_every == 0:
             thetas.append(blocks.kernel.theta)
-            if monitor is not None:
-                Xm, ym = monitor
-                val = blocks.elbo(Xm, ym, q, scale=n / Xm.shape[0])
-            else:
-                c, fbar = blocks.local(A, kt, yb, q)
-                val = scale * blocks.data_elbo(yb, fbar, c) - q.kl_to_std()
+            val = _check_elbo(blocks, q, monitor, n, (A, kt, yb, scale))
             if elbos:
                 rel = abs(val - elbos[-1]) / max(abs(val), 1e-12)
                 dth = 0.0
@@ -398,11 +432,7 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
                 prev_theta_mean = th_sum / th_k
                 th_sum, th_k = np.zeros_like(th_sum), 0
             if average:
-                done_windows = [] if moved else (done_windows + [(win_P, win_h, win_k)])
-                keep = max(1, min(average_windows, len(elbos) // 2))
-                done_windows = done_windows[-keep:]
-                win_P, win_h, win_k = np.zeros((m, m)), np.zeros(m), 0
-                moved = False
+                windows.close(max(1, min(average_windows, len(elbos) // 2)))
             if callback is not None:
                 callback(t, q, blocks)
             if calm >= patience and t >= min_iter:
@@ -410,7 +440,7 @@ def fit_svi(blocks, source, n: int, *, max_iter=20000, step="adaptive", tol=1e-4
                 break
     if bar is not None:
         bar.close()
-    q_avg = _tail_average(blocks, done_windows) if average and done_windows and win_k == 0 else None
+    q_avg = windows.average(blocks) if average and windows.done and windows.k == 0 else None
     if q_avg is not None:
         q = q_avg
         if monitor is not None:

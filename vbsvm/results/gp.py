@@ -35,7 +35,8 @@ from vbsvm.models.gp import (
     predictive_prob,
 )
 from vbsvm.results.contract import FitResult, SummaryParts, check_na_action, check_new_levels, fill_rows
-from vbsvm.results.fit import diagnostics_table, interval_names
+from vbsvm.results.diagnostics import diagnostics_table
+from vbsvm.results.fit import interval_names
 from vbsvm.results.marginal import Marginal
 from vbsvm.results.summary import WIDTH
 from vbsvm.settings import GPSettings
