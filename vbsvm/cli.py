@@ -360,7 +360,7 @@ def cmd_demo(args):
     _print(f"  data:     {len(toenail)} visits of {toenail['patient_id'].nunique()} patients (bundled; "
            "y = 1 for moderate or severe onycholysis)")
     _print(f"  Gibbs:    {kw['chains']} chains x {kw['draws']} draws after {kw['tune']} tuning draws "
-           f"(seed {kw['seed']}; change with --chains/--draws/--tune)")
+           f"(seed {kw['seed']}; set by --chains, --draws, --tune)")
     _print()
     t0 = time.perf_counter()
     vb = vbsvm.svm(DEMO_FORMULA, data=toenail, penalty=None, method="vb", **kw)
