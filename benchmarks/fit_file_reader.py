@@ -4,7 +4,7 @@
 capped memory and a time limit, and checks every array (:mod:`vbsvm.io.fit_file_schema`) and the
 checksum. For small fits of each kind this measures, interleaved and repeated (medians):
 
-* ``in-process``: the previous way, the file read into memory and parsed by xarray in the
+* ``in-process``: the unbounded baseline, the file read into memory and parsed by xarray in the
   calling process, then the fit rebuilt (``from_datatree``) and used once (``check_loaded``);
 * ``vbsvm.load``: the bounded reader, then the same rebuild and use;
 * the reader process alone (its wall time, from start to its last message) and its peak
@@ -75,7 +75,7 @@ def rebuild(kind, tree):
 
 
 def old_way(path, kind):
-    """The previous load: the file read into memory, parsed by xarray in this process."""
+    """The unbounded baseline: the file read into memory, parsed by xarray in this process."""
     with open(path, "rb") as f:
         tree = xr.open_datatree(io.BytesIO(f.read()), engine="h5netcdf")
     tree.load()

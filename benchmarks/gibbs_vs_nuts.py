@@ -43,10 +43,10 @@ As a correctness check every row also reports ``max |z|``, ``z = (mean_Gibbs - m
 sqrt(MCSE_Gibbs^2 + MCSE_NUTS^2)`` over the summary parameters; the heart check is printed in full.
 
 **Gibbs at its defaults** (``benchmarks/results/gibbs_defaults.{json,md}``): 4 x 1000 draws after 1000,
-max R-hat, min bulk ESS, the worst parameter and wall seconds, on the data sets of the issue's
-acceptance list: toenail ``penalty=None``; breast_cancer ``penalty="auto"``; ``simulate_luts(500, 50)``
+max R-hat, min bulk ESS, the worst parameter and wall seconds, on the reference problems:
+toenail ``penalty=None``; breast_cancer ``penalty="auto"``; ``simulate_luts(500, 50)``
 and ``(500, 100)``; ``simulate_luts(100000, 20)``; toenail ``(1 | patient_id)`` with
-``prior=vbsvm.LaplaceZero(rho=0.1)``; and, beyond the issue's list, toenail with
+``prior=vbsvm.LaplaceZero(rho=0.1)``; and, beyond them, toenail with
 ``(1 + time | patient_id)``, alone and with ``LaplaceZero(rho=0.1)``.
 
 Usage::
@@ -150,7 +150,7 @@ NUTS_PROBLEMS = [
     _sim(500, 50),
 ]
 
-#: Rows of the Gibbs-at-defaults table (the issue's acceptance list).
+#: Rows of the Gibbs-at-defaults table (the reference problems and harder variants).
 DEFAULT_PROBLEMS = [
     TOENAIL_NONE,
     BREAST_CANCER,
@@ -159,12 +159,12 @@ DEFAULT_PROBLEMS = [
     # the same data with a fixed penalty (alpha = 1, C = 0.5): they are separable, so under
     # IG(0.01, 0.01) the penalty's posterior keeps the prior's tail (sigma2_u draws ~1e3 against 0.6
     # with d = 50) and the coefficients' means do not exist; with a fixed penalty the posterior is
-    # log-concave (not in the issue's list: a measured option for its d = 100 row)
+    # log-concave (a measured option for the d = 100 row)
     dataclasses.replace(_sim(500, 100), name="sim500x100_penalty1", penalty=1.0),
     _sim(100_000, 20),
     Problem("toenail_laplace_zero", TOENAIL, lambda: vbsvm.datasets.load("toenail"),
             prior=lambda: vbsvm.LaplaceZero(rho=0.1)),
-    # not in the issue's list: random slopes, the sampler's hardest linear model
+    # random slopes, the sampler's hardest linear model
     Problem("toenail_slopes", "y ~ time * terbinafine + (1 + time | patient_id)", lambda: vbsvm.datasets.load("toenail"),
             penalty=None),
     Problem("toenail_laplace_zero_slopes", "y ~ time * terbinafine + (1 + time | patient_id)",

@@ -22,7 +22,7 @@ For each replicate we fit, by mean-field VB and by Gibbs,
 and measure the correlation of the imputed means with the deleted values and the Euclidean
 distance of the coefficient means to the ``full`` fit of the same engine. For comparison:
 
-* regression imputation of x1 on (x2, x3) — the issue's yardstick — and on (x2, x3, y);
+* regression imputation of x1 on (x2, x3) — the baseline — and on (x2, x3, y);
 * ``mi-outcome``: Rubin's multiple imputation from the normal linear regression of x1 on
   (x2, x3, y) (proper draws, M imputations), each completed data set fitted by VB and the
   coefficient means averaged (the conditional model's target, computed independently).
@@ -272,7 +272,7 @@ def main(argv=None):
         "closer_than_complete_case": bool(dist.loc["dist_vb_mi-outcome", "mean"] < dist.loc["dist_vb_cc", "mean"]),
         "x1_ratio_within_0.9_1.1": bool(0.9 <= ratio.loc["beta_x1_ratio_vb_mi-outcome", "mean"] <= 1.1)}
     seconds = time.perf_counter() - t0
-    text = ["# Imputation simulation (issue acceptance check)", "",
+    text = ["# Imputation simulation", "",
             f"{args.reps} replicates of `simulate_mcar(400)` (30% of x1 deleted MCAR); Gibbs 2 x "
             f"({args.tune} + {args.draws}); MI with {args.imputations} imputations; {seconds:.0f} s.", "",
             "Correlation of the imputed means with the deleted values (mean, sd over replicates):", "",

@@ -50,9 +50,9 @@ def toenail():
 
 @pytest.fixture
 def one_blas_thread():
-    """Run a test with one BLAS thread: the matrices here are small, and on a shared 2-core
-    machine OpenBLAS's thread pools oversubscribe the cores (a 101 x 101 triangular solve was
-    measured at 30 ms with the default pool against 0.4 ms with one thread)."""
+    """Run a test with one BLAS thread: the matrices here are small, and on a machine with few
+    cores and other work running OpenBLAS's thread pools oversubscribe the cores
+    (``benchmarks/results/tuning_constants.md``, "BLAS threads in the hot loops")."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):

@@ -1,4 +1,4 @@
-"""Error and warning messages name the argument or column and the fix (issue #14, item 8)."""
+"""Error and warning messages name the argument or column and the fix."""
 
 import warnings
 

@@ -1,4 +1,4 @@
-"""Saved fits never run code and never leave a file behind them broken or open (issue #15).
+"""Saved fits never run code and never leave a file behind them broken or open.
 
 * A corpus of crafted fit files (code in the formula, a pickle in the GP design, wrong types in
   every attribute, damaged and foreign files, extra and nested groups): each is refused with

@@ -8,7 +8,7 @@
   log joint minus log conditional constant), the vectorized sampler's moments, and (slow) the
   whole sampler against an independent random-walk Metropolis on the un-augmented posterior.
 * The fit object: imputations, ArviZ, summary, prediction with missing predictors, save/load,
-  errors, and the honest simulation checks of the acceptance criteria.
+  errors, and simulation checks of the imputations and coefficients.
 """
 
 import warnings
@@ -892,7 +892,7 @@ def test_cut_gibbs_matches_multiple_imputation(cut_pair):
 
 @pytest.mark.slow
 def test_vb_gibbs_cut_agree(cut_pair):
-    """Acceptance (simulated data): imputed means correlate > 0.95, coefficient means within 0.5
+    """Simulated data: imputed means correlate > 0.95, coefficient means within 0.5
     Gibbs sd (meanfield VB, pooled over completions)."""
     _, vb, gb = cut_pair
     assert np.corrcoef(vb.imputed["mean"], gb.imputed["mean"])[0, 1] > 0.95
@@ -1187,7 +1187,7 @@ def test_conditional_with_random_intercept_both_engines(grouped):
     assert np.all(np.abs((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]) < 0.5)
 
 
-# --------------------------------------------------------------------------- acceptance (simulation)
+# --------------------------------------------------------------------------- simulation checks
 @pytest.fixture(scope="module")
 def simulation():
     """MCAR-delete 30% of x1 (correlated with x2, x3) in 8 replicates; VB fits on the full data,

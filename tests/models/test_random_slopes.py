@@ -106,7 +106,7 @@ def test_schur_complement_stays_accurate_with_a_huge_augmentation_weight():
     """One row with w = 4e7 (a Gibbs draw next to the margin) in a level whose covariance has a
     weak direction: cond(D_l) ~ 1e7. The Schur complement of the eliminated levels against one
     computed in extended precision (2 x 2 inverses in closed form): with half solves
-    (``L_l^{-1} G_l``) it is within 1e-3 (here 2e-5); with the explicit ``D_l^{-1}`` it was 0.06 off,
+    (``L_l^{-1} G_l``) it is within 1e-3 (here 2e-5); with the explicit ``D_l^{-1}`` it is 0.06 off,
     its smallest eigenvalue 0.72."""
     df = slope_frame(40, 3, seed=1)
     model = LinearSVMModel.from_design(build_design("y ~ x + z + (1 + x | g)", df), dict(SETTINGS, penalty=None))

@@ -651,7 +651,7 @@ def test_summary_shows_prior_and_inclusion(vb_fit, gibbs_fit):
 
 
 def test_gibbs_inclusion_table_shows_each_indicators_r_hat_and_ess(gibbs_fit, monkeypatch):
-    """Issue #17: the inclusion table of a Gibbs fit reports R-hat and bulk ESS per indicator
+    """The inclusion table of a Gibbs fit reports R-hat and bulk ESS per indicator
     (those of ``gamma[term]`` in ``fit.diagnostics()``); with term names too long for one table
     they get a table of their own, and no line is wider than the summary."""
     from vbsvm.results import summary

@@ -344,7 +344,7 @@ def test_load_never_executes_code_from_a_file(tmp_path, fitted):
 
 
 def test_bad_input_case_count():
-    """The brief asks for at least 50 parametrized bad-input cases."""
+    """At least 50 parametrized bad-input cases."""
     assert len(CASES) + len(FIT_CASES) + len(LOAD_CASES) + len(GP_CASES) >= 50
 
 

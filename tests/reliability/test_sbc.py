@@ -3,7 +3,7 @@
 The SVM pseudo-likelihood is not normalised in y, so data cannot be simulated from the whole
 model. Two proper joints are used instead:
 
-1. **Variance components given the coefficients** (the brief's construction): ``sigma2 ~ IG(A, B)``,
+1. **Variance components given the coefficients**: ``sigma2 ~ IG(A, B)``,
    ``theta_k ~ N(0, sigma2)`` is the "data", the package's ``variance_posterior(sq)`` gives the
    posterior draws.
 

@@ -301,8 +301,7 @@ def test_stress_gp_batch_vb(case):
 # ------------------------------------------------------------------------------- n < p at scale
 @pytest.mark.slow
 def test_stress_n100_p2000_vb_and_gibbs_finish():
-    """The brief's size (n = 100, p = 2000): VB converges and a short Gibbs run finishes, with
-    finite output. (About 3 s per sweep before the proposed Woodbury patch.)"""
+    """n = 100, p = 2000: VB converges and a short Gibbs run finishes, with finite output."""
     formula, df, _ = case_n_less_than_p(n=100, p=2000)
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as rec:

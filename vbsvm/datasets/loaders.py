@@ -34,11 +34,8 @@ In cases 2-3 the first directory that holds the file is used. If none does,
 :class:`DataNotFoundError` (a :class:`FileNotFoundError`) names the
 directories tried and says how to set ``VBSVM_DATA``.
 
-Earlier versions looked for the files in a folder beside the source checkout
-instead of bundling them; that folder existed only in the development
-workspace, so a fresh clone failed its tests and an installed package looked
-in a meaningless place inside the virtual environment. The data now ship with
-the code, so a clone and a wheel need nothing outside themselves.
+The bundled data ship with the code (not in a folder beside a source
+checkout), so a clone and a wheel need nothing outside themselves.
 
 Column names
 ------------

@@ -949,7 +949,7 @@ def _fixed_effect_matrix(raw: pd.DataFrame, plain, rhs_formula: str, formula: st
     infinite entry and for a design without columns."""
     if plain is not None:
         # A sum of numeric columns: the model matrix is the columns themselves (formulaic would
-        # give the same matrix, at ~1 ms per column).
+        # give the same matrix, at a cost per column).
         spec = PlainSpec(*plain)
         names = spec.column_names
         X = spec.matrix(raw)

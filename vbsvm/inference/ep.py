@@ -1,6 +1,6 @@
 r"""Expectation propagation for the linear Bayesian SVM, integrated over its variance components.
 
-The calibrated fast approximation of issue #12 (``method="vb"``). Two layers:
+The calibrated fast approximation (``method="vb"``). Two layers:
 
 **EP at fixed variances.** With prior :math:`\theta \sim N(0, \mathrm{diag}(\tau)^{-1})` and the hinge
 pseudo-likelihood :math:`t_i(f_i) = \exp\{-2 (1 - y_i f_i)_+\}` of the score :math:`f_i = c_i^T\theta`,
@@ -626,9 +626,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         mean by 0.1%, with 8 fewer EP runs. With two (toenail with ``penalty="auto"``; 64 rows
         in 8 groups with the penalty inferred), against step 0.5 with ``drop=8``: step 1.0 moved
         no fixed-effect mean or sd by more than 1e-4 sd, the variances' means by at most 1.2% and
-        their sds by 4-13% (the penalty's long right tail; step 0.75, the default until stop 25:
-        1.2% and 10%), with 78 and 103 points instead of 131 and 166. With three or more
-        coordinates (a 2 x 2 covariance) the default is 1.5: on toenail with
+        their sds by 4-13% (the penalty's long right tail; step 0.75: 1.2% and 10%), with 78 and
+        103 points instead of 131 and 166. With three or more coordinates (a 2 x 2 covariance)
+        the default is 1.5: on toenail with
         ``(1 + time | patient_id)`` it changed no fixed-effect mean or sd by more than 0.002 sd
         against 1.0, with 165 points instead of 435.
     drop : float
@@ -953,7 +953,7 @@ def corrected_marginals(fit, model, L, z=None):
     """
     z = MARGINAL_Z if z is None else np.asarray(z, dtype=float)
     mu = L @ fit.mean[: model.qd]
-    # diag(L S L^T) by BLAS: a 3-operand einsum runs O(k q^2) in C loops (16 s at q = 2001)
+    # diag(L S L^T) by BLAS: a 3-operand einsum runs O(k q^2) in C loops (slow at large q)
     svar = np.sum((L @ fit.post.cov_dense()) * L, axis=1)
     sd = np.sqrt(np.maximum(svar, 0.0))
     lp = -0.5 * z * z + log_site_corrections(fit, model, L, mu[:, None] + sd[:, None] * z[None, :])
@@ -1035,7 +1035,7 @@ def log_site_corrections(fit, model, L, X):
 def _moments(grid, model, M):
     """Mixture moments of theta on the scale ``theta_dense -> M theta_dense``. The second moments
     are mixed on the fitted scale and mapped by ``M`` once (the map is linear), not per grid point:
-    at q = 2001 and 67 grid points the per-point products took 35 of a 56 s fit."""
+    at q = 2001 and 67 grid points the per-point products took over 60% of the fit's time."""
     qd = model.qd
     w = grid.weights
     raw = np.array([f.mean for f in grid.fits])  # (G, q), fitted scale
@@ -1060,7 +1060,7 @@ def _moments(grid, model, M):
 
 
 #: Rows above which the marginal corrections are skipped by default: they cost O(n q_d |z|) time
-#: (z: 61 evaluation points then, 25 now) and, at n = 1e6 and q_d = 21, dominated a 160 s fit; with that many
+#: and, at n = 1e6 and q_d = 21 with 61 evaluation points, dominated the fit's time; with that many
 #: sites per coefficient the EP Gaussian needs no skewness correction (not measured here).
 EP_CORRECT_MAX_N = 50_000
 

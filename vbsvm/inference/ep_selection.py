@@ -1,5 +1,5 @@
 r"""Expectation propagation for the Laplace-zero prior: the calibrated ``method="vb"`` of
-``vbsvm.svm(..., prior=LaplaceZero(...))`` (issue #12).
+``vbsvm.svm(..., prior=LaplaceZero(...))``.
 
 Model (:mod:`vbsvm.models.selection`): each selectable coefficient has the spike-and-slab
 Laplace prior :math:`p(u_k \mid \sigma_u) = (1 - \rho)\,\delta_0(u_k) + \rho\, e^{-|u_k|/\sigma_u}/(2\sigma_u)`,
@@ -406,14 +406,14 @@ def corrected_inclusion(fit, model, prior, z=CORRECTION_Z):
 
 #: Points (cavity sds) along each axis of the pairwise correction's grids. On breast_cancer, 15 on
 #: [-8, 8] gave the inclusion probabilities of 61 on [-10, 10] to 0.002 and the slab means to
-#: 0.025 slab sd, in 0.64 s against 6 s (11 points: 0.002 and 0.13 sd, 0.3 s).
+#: 0.025 slab sd, in about a tenth of the time (11 points: 0.002 and 0.13 sd, in half the time of 15).
 PAIR_Z = np.linspace(-8.0, 8.0, 15)
 
 #: Largest ``n * m * |PAIR_Z|^2`` (rows x selectable terms x points of a pair's plane: about the
 #: row factors it evaluates) for which the fit runs :func:`pair_corrected_inclusion`; beyond it
-#: the single-term :func:`corrected_inclusion`. breast_cancer (569 x 30): 3.8e6, 0.64 s; spam
-#: (4601 x 57): 5.9e7, about 6 s, where the pairwise correction agreed with Gibbs on the same 91%
-#: of the terms as the single-term one.
+#: the single-term :func:`corrected_inclusion`. breast_cancer (569 x 30): 3.8e6; spam (4601 x 57):
+#: 5.9e7, about ten times breast_cancer's time, where the pairwise correction agreed with Gibbs on
+#: the same 91% of the terms as the single-term one.
 PAIR_CORRECT_MAX_EVALUATIONS = 2.0e7
 
 
@@ -442,10 +442,9 @@ def pair_corrected_inclusion(fit, model, prior, z=PAIR_Z):
     correlated partner too, the same integral gives :math:`j`'s). With two selectable coefficients and
     nothing else in the model, :math:`q(f_i \mid u)` is a point mass and this is the exact
     posterior at ``sigma_u`` (tested by quadrature). On breast_cancer (rho = 0.01) it took the
-    share of terms within 0.2 of Gibbs' inclusion probability from 87% to 90% (in a scratch
-    version with the two most correlated partners, a 2^3-part integral over up to three
-    dimensions, also 90%; averaging the pairs of the two or three most correlated partners
-    instead gave 87%).
+    share of terms within 0.2 of Gibbs' inclusion probability from 87% to 90% (the two most
+    correlated partners, a 2^3-part integral over up to three dimensions, also gave 90%;
+    averaging the pairs of the two or three most correlated partners instead gave 87%).
 
     Parameters
     ----------

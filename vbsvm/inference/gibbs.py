@@ -50,7 +50,7 @@ ignored): a resumed run could not retrace the block decisions.
 **Worker processes** (``n_jobs > 1``) are started with the ``fork`` method on Linux: a forked
 worker does not re-import the user's script (``spawn`` and ``forkserver`` re-run a script without
 an ``if __name__ == "__main__":`` guard in every worker, which then fails), and it starts in
-milliseconds instead of the ~1-2 s a fresh interpreter needs to import numpy, scipy and pandas.
+milliseconds instead of importing numpy, scipy and pandas again in a fresh interpreter.
 The workers ignore SIGINT; the parent stops them through an event and collects their partial
 chains (each saves its checkpoint first), then joins them (and terminates any that do not finish
 within ``STOP_GRACE`` seconds or after an aborting Ctrl-C), so no process is left behind. A worker
@@ -91,7 +91,7 @@ __all__ = ["GibbsResult", "run_chains", "chain_generators", "Checkpoint", "bound
 
 #: seconds a worker gets to return its partial chains after the parent asked it to stop
 STOP_GRACE = 30.0
-#: convergence targets over the summary parameters (issue #17): max rank-normalized R-hat, min bulk ESS
+#: convergence targets over the summary parameters: max rank-normalized R-hat, min bulk ESS
 RHAT_TARGET = 1.01
 ESS_TARGET = 400
 #: ``max_draws`` defaults to this many times ``draws`` (1 switches the adaptive run length off)
@@ -367,12 +367,11 @@ def run_chains(model, *, draws=1000, tune=1000, chains=4, thin=1, seed=None, rec
         terminal or in a notebook; see :mod:`vbsvm.inference.progress`).
     n_jobs : int
         Number of worker processes (1 = serial). Results do not depend on it. It pays only when
-        each chain runs for seconds and the cores are free: starting two forked workers and
-        copying their draws back cost ~0.1 s (measured: 0.18 s against 0.04-0.07 s serially for
-        two 20-draw chains), and on the 2-core development machine, busy with other jobs (load
-        6-9), two toenail chains of 4,200 sweeps took 5.9-8.2 s in parallel against 7.3-7.7 s
-        serially. With ``spawn`` (outside Linux) each worker also needs ~1-2 s to import numpy,
-        scipy and pandas. An extended run starts the workers again for each block.
+        each chain runs for seconds and the cores are free: starting the workers and copying
+        their draws back has a fixed cost, and on cores busy with other work parallel chains gain
+        little (``benchmarks/results/tuning_constants.md``, "Parallel chains"). With ``spawn``
+        (outside Linux) each worker also imports numpy, scipy and pandas. An extended run starts
+        the workers again for each block.
 
     checkpoint : str or path, optional
         Base name of per-chain checkpoint files ``<checkpoint>.chain<c>.npz``, written (atomically,

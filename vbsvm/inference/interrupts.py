@@ -2,9 +2,9 @@
 
 The first Ctrl-C stops a run (:func:`vbsvm.inference.gibbs.run_chains`), which then collects
 the draws kept so far (from its worker processes, if any), and the fit is built from them. A
-second Ctrl-C, pressed while that happens, used to raise :class:`KeyboardInterrupt` wherever
-the code was (collecting the chains, computing R-hat for the fit's warnings) and lost the
-draws. Within a :func:`collecting` scope (:func:`vbsvm.svm` holds one around the whole fit):
+second Ctrl-C, pressed while that happens, would by default raise :class:`KeyboardInterrupt`
+wherever the code was (collecting the chains, computing R-hat for the fit's warnings) and lose
+the draws. Within a :func:`collecting` scope (:func:`vbsvm.svm` holds one around the whole fit):
 
 * inside :func:`stop_at_boundary` (a serial run that writes checkpoints), the first Ctrl-C
   only sets the run's stop event, so that the chain stops, and saves its checkpoint, at the

@@ -1,7 +1,7 @@
 """What a fit's Gibbs chains depend on, recorded in its checkpoints (``svm(..., checkpoint=)``).
 
 A checkpoint resumed by another run would splice the chains of two posteriors: rerunning with
-the labels flipped or the formula's terms swapped continued the old chains on the new data
+the labels flipped or the formula's terms swapped would continue the old chains on the new data
 without a word. :func:`run_fingerprint` describes the run — formula, design columns, random-effect
 terms, a SHA-256 of the arrays the sampler reads, and every setting that changes the chains — and
 :func:`vbsvm.inference.gibbs.run_chains` stores it in each checkpoint and refuses a file whose

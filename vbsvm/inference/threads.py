@@ -21,7 +21,7 @@ LARGE_WORK = 1e9
 
 @lru_cache(maxsize=1)
 def _controller() -> ThreadpoolController:
-    # Inspecting the loaded BLAS libraries costs ~1 ms; do it once per process.
+    # Inspecting the loaded BLAS libraries is not free; do it once per process.
     return ThreadpoolController()
 
 

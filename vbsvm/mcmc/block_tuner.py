@@ -209,8 +209,8 @@ class BlockTuner:
         """Sweep count at which the block is first fitted: ``tune/4``, or ``tune/8`` for a block of
         more than :data:`EARLY_FIT_DIM` coordinates. Until then the block moves by slice sampling
         along each coordinate, which costs a pass over the design per coordinate and dominates
-        tuning for a large block: on the Section 4.2 simulation with d = 50 the earlier fit took
-        the defaults' wall time from 7.7 to 6.9 s at the same ESS. A small block gains little,
+        tuning for a large block: on the Section 4.2 simulation with d = 50 the earlier fit cut
+        the defaults' wall time by about 10% at the same ESS. A small block gains little,
         and its independence move keeps more of a first proposal fitted from more draws (heart,
         three seeds: min bulk ESS 6334-6578 at ``tune/4``, 5336-6167 at ``tune/8``)."""
         return tune // (8 if self.dim > EARLY_FIT_DIM else 4)

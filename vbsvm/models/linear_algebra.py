@@ -456,7 +456,7 @@ class SiteGaussian(CoefficientPosterior):
     same algebra (Schur elimination of the eliminated term, Cholesky of the dense block and the
     inverse of its factor, which the score pass multiplies with the rows), with the triangular
     inverse by LAPACK's ``dtrtri`` (q^3/3 flops) instead of a general solve against the identity
-    (4 q^3/3 and a copy; 1.6 ms against 0.1 ms at q = 101), as EP forms one or two per sweep.
+    (4 q^3/3 and a copy; 16 times slower at q = 101), as EP forms one or two per sweep.
     ``inverse=False``: the mean alone (what :meth:`~vbsvm.inference.ep_sites.EPPass.moment_change` reads)."""
 
     def __init__(self, model, tau, stats, blocks=(), prior_shift=None, inverse=True):

@@ -665,15 +665,15 @@ class ImputedSVMModel:
 
 
 #: Default sweeps of the SVM block per draw of the imputations in the cut Gibbs sampler
-#: (:class:`CutImputedSVMModel`; ``settings["cut_svm_sweeps"]``). On acath, with the plain
-#: augmented inner sweeps of before, 10 sweeps left the sds 7-10% below the multiple-imputation
+#: (:class:`CutImputedSVMModel`; ``settings["cut_svm_sweeps"]``). On acath, with plain
+#: augmented inner sweeps (no block move), 10 sweeps left the sds 7-10% below the multiple-imputation
 #: reference and 25 within its Monte Carlo error; 20 cost about 3x the naive sampler's time and
 #: gave the most effective draws per second. With the tuned block move in the inner sweeps (4 x
 #: 1000 after 1000, seeds 1-2), against a reference of 100 completions (about 0.09 sd of Monte
 #: Carlo error in its means), 5, 10 and 20 sweeps put the sds at 0.84-0.92, 0.89-0.93 and
 #: 0.92-0.95 of the reference (``cad_dur``, which the completions hardly move, 0.99-1.06) and the
-#: means within 0.14, 0.13 and 0.04 of its sds, in 31, 51 and 87 s; the plain sweeps took 99 s at
-#: 20. 20 is kept.
+#: means within 0.14, 0.13 and 0.04 of its sds; 5 and 10 sweeps took 36% and 59% of the time of
+#: 20, and 20 plain sweeps 14% more than 20 with the block move. Hence 20.
 CUT_SVM_SWEEPS = 20
 
 
