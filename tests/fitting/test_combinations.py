@@ -204,6 +204,7 @@ def test_laplace_zero_with_slopes_vb_draws_keep_the_block_covariance(lz_slope_fi
     np.testing.assert_allclose(emp, B, rtol=0.15, atol=0.05 * np.abs(B).max())
 
 
+@pytest.mark.slow
 def test_laplace_zero_with_slopes_vb_agrees_with_gibbs(lz_slope_fits):
     vb, gibbs = lz_slope_fits
     assert_agree(vb, gibbs, ["Intercept", "x", "z"])

@@ -51,6 +51,7 @@ def test_two_coefficients_marginals_match_quadrature(small):
     assert ks_1samp_ess(d[..., 1], grid_cdf(b1, m1)) > 1e-3
 
 
+@pytest.mark.slow
 def test_penalty_inference_marginal_matches_quadrature(small):
     """With sigma2 ~ IG(A, B) integrated out, p(beta | y) is proportional to
     exp(-2 sum hinge) (B + beta^2/2)^(-(A + 1/2)) (one penalized coefficient, no intercept)."""
@@ -152,6 +153,7 @@ def test_summary_shows_rhat_and_ess(small):
     assert fit.diagnostics().iloc[0, 0] != -1.0 and fit.summary_diagnostics().iloc[0, 0] != -1.0
 
 
+@pytest.mark.slow
 def test_convergence_warning_on_separable_data_with_an_inferred_penalty_names_the_prior_tail():
     """The Section 4.2 simulation with 40 predictors and 100 rows is separable: with
     penalty='auto' short chains miss the targets and the warning adds that sigma2_u keeps its

@@ -235,6 +235,7 @@ DAMAGED = {
 
 
 @pytest.mark.parametrize("case", sorted(DAMAGED))
+@pytest.mark.slow
 def test_damaged_file_is_refused(case, good_files, tmp_path):
     _, paths, _ = good_files
     path = tmp_path / "damaged.nc"
@@ -624,6 +625,7 @@ def test_a_file_that_hangs_libhdf5_is_refused_within_the_time_limit(good_files, 
         pass
 
 
+@pytest.mark.slow
 def test_read_tree_is_what_xarray_reads(good_files, selection_file):
     """The groups a fit is rebuilt from are decoded as xarray decodes them: same variables,
     dims, dtypes, attributes and values (so valid files load as before)."""

@@ -133,6 +133,7 @@ def test_a_trial_replaces_the_slice_moves_only_while_it_goes_well():
     assert not tuner.replaces_slice_moves({"w": np.ones(3)})  # a sampler state without the tuner's keys
 
 
+@pytest.mark.slow
 def test_exact_posterior_with_principal_axis_slices(block_phases, monkeypatch):
     """With neither move kept at the end of tuning the fixed effects move by slice sampling along
     the principal axes of their tuning draws; the draws match the quadrature marginals."""

@@ -166,6 +166,7 @@ def test_exact_posterior_with_the_hmc_move_kept(block_phases, imh_rejects):
     assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
 
 
+@pytest.mark.slow
 def test_exact_check_detects_an_hmc_move_without_the_kinetic_energy(block_phases, imh_rejects, monkeypatch):
     """Accepting by the change of the log density alone (no kinetic energy in the Hamiltonian)
     does not keep the posterior: rejected."""
@@ -226,12 +227,14 @@ def wide_surrogate(monkeypatch):
     monkeypatch.setattr(block_tuner, "SURROGATE_SD", math.inf)
 
 
+@pytest.mark.slow
 def test_exact_posterior_with_hmc_on_a_smoothed_hinge(block_phases, imh_rejects, wide_surrogate):
     exact.intercept_and_penalized_coefficient_penalty_inferred(11, 1)
     assert block_phases and all(ph == BlockTuner.KEPT_HMC for ph in block_phases), block_phases
     assert set(block_phases.surrogates) == {0}
 
 
+@pytest.mark.slow
 def test_exact_check_detects_hmc_accepting_on_the_smoothed_hinge(block_phases, imh_rejects, wide_surrogate,
                                                                   monkeypatch):
     """Accepting on the smoothed log density (the trajectory's own) targets the smoothed

@@ -385,6 +385,7 @@ def tiny():
     return d, model, state, Psi, tau
 
 
+@pytest.mark.slow
 def test_gibbs_missing_conditional_matches_brute_force(tiny):
     d, model, st, Psi, tau = tiny
     lin = model.linear
@@ -588,6 +589,7 @@ def test_to_arviz_holds_imputation_blocks(fits, method):
     assert np.allclose(post["Sigma"].values, np.swapaxes(post["Sigma"].values, -1, -2))
 
 
+@pytest.mark.slow
 def test_vb_draws_reproducible(fits):
     a = fits["vb"].to_arviz()["posterior"]
     b = fits["vb"].to_arviz()["posterior"]
@@ -595,6 +597,7 @@ def test_vb_draws_reproducible(fits):
 
 
 @pytest.mark.parametrize("method", ["vb", "gibbs"])
+@pytest.mark.slow
 def test_save_load_round_trip(logdata, method, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DiagnosticWarning)
@@ -916,6 +919,7 @@ def test_calibrated_vb_of_the_cut_matches_gibbs(cut_pair):
     assert np.median(np.abs(np.log(ratio))) < np.median(np.abs(np.log(mf_ratio)))
 
 
+@pytest.mark.slow
 def test_single_q_vb_of_the_cut_attenuates(cut_pair):
     """Why the VB pools completions: the single q with expectations over q(D_mis) shrinks the imputed
     column's coefficient (errors-in-variables penalty sum_i w_i beta_M' Cov(d_i) beta_M); measured
@@ -1234,6 +1238,7 @@ def test_simulation_imputed_coefficient_ratio(simulation):
     assert 0.9 <= simulation["ratio_imputed"].mean() <= 1.1
 
 
+@pytest.mark.slow
 def test_simulation_documents_inflation_of_the_joint_model(simulation):
     """The paper's joint model (imputation="joint", kept for the Figure 4 reproduction): the
     imputed column's coefficient exceeds the full-data one in (almost) every replicate."""

@@ -245,6 +245,7 @@ def test_fit_reports_imputations_of_the_predictor(fits):
     assert np.all(np.abs((vb.coef["mean"] - gb.coef["mean"]) / gb.coef["sd"]) < 0.5)
 
 
+@pytest.mark.slow
 def test_save_load_round_trip_and_summary(fits, tmp_path):
     import xarray as xr
 
@@ -304,6 +305,7 @@ def test_predict_vb_missing_cell_in_interaction(fits):
         assert score["sd"].iloc[i] == pytest.approx(np.sqrt(var), rel=1e-9)
 
 
+@pytest.mark.slow
 def test_predict_gibbs_missing_cell_in_interaction(fits):
     """Monte Carlo: per draw, the class from p(c | z, w), then x | z, w, c, and the design row
     x * z evaluated by design.new_X on the completed rows."""

@@ -591,6 +591,7 @@ def test_vb_prediction_uses_the_papers_rule(vb_fit, grouped):
     assert np.corrcoef(prob, score)[0, 1] > 0.8 and prob.between(0, 1).all()
 
 
+@pytest.mark.slow
 def test_gibbs_prediction_is_posterior_mean_of_gamma_v(gibbs_fit, grouped):
     u = gibbs_fit.posterior["theta_draws"].reshape(-1, gibbs_fit.layout.q)
     d = gibbs_fit.design
@@ -629,6 +630,7 @@ def test_vbsvm_load_dispatches_selection_fits(vb_fit, tmp_path):
     assert isinstance(vbsvm.load(tmp_path / "f.nc"), SelectionFit)
 
 
+@pytest.mark.slow
 def test_plot_inclusion(vb_fit, gibbs_fit):
     from matplotlib.figure import Figure
     from vbsvm.results.plots import plot_elbo, plot_inclusion_comparison

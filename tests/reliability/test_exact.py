@@ -71,6 +71,7 @@ def test_two_penalized_coefficients_penalty_inferred(seed, scale):
 
 
 @pytest.mark.parametrize("seed,scale", SEEDS)
+@pytest.mark.slow
 def test_intercept_and_penalized_coefficient_penalty_inferred(seed, scale):
     """Vague N(0, 1e8) intercept (never penalized) + one penalized slope, sigma2_u integrated."""
     exact.intercept_and_penalized_coefficient_penalty_inferred(seed, scale)
