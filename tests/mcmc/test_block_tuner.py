@@ -7,6 +7,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 
 import vbsvm
 from vbsvm.mcmc.block_tuner import EARLY_FIT_DIM, EVIDENCE, GIVE_UP, SURROGATE_SD, BlockTuner
