@@ -125,3 +125,15 @@ def test_layer_contracts_hold():
     run = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True,
                          cwd=config.parent)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+def test_the_wheel_lists_every_subpackage_and_data_folder():
+    """pyproject.toml lists the packages by hand (the top-level data/ is mapped into the wheel):
+    every folder of vbsvm/ with an __init__.py and every data set folder must be in the list."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    code = {".".join(p.parent.relative_to(root).parts) for p in (root / "vbsvm").rglob("__init__.py")}
+    data = {"vbsvm.datasets.data"} | {f"vbsvm.datasets.data.{d.name}" for d in (root / "data").iterdir() if d.is_dir()}
+    assert listed == code | data

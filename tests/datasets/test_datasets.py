@@ -102,10 +102,10 @@ def test_shipped_file_matches_provenance(key):
 
 def test_bundled_dir_resolution(tmp_path):
     package, checkout = tmp_path / "site" / "vbsvm" / "datasets" / "data", tmp_path / "repo"
-    # A source checkout (setup.py and data/ beside the package) is used when the package has no data.
+    # A source checkout (pyproject.toml and data/ beside the package) is used when the package has no data.
     (checkout / "data").mkdir(parents=True)
-    assert loaders._bundled_dir(package, checkout) == package  # not a checkout yet: no setup.py
-    (checkout / "setup.py").touch()
+    assert loaders._bundled_dir(package, checkout) == package  # not a checkout yet: no pyproject.toml
+    (checkout / "pyproject.toml").touch()
     assert loaders._bundled_dir(package, checkout) == checkout / "data"
     # An installed package's own data win.
     package.mkdir(parents=True)

@@ -340,7 +340,7 @@ def run_corpus(directory, n, seed=0, subprocess_loader=False):
         summary = {}
         if subprocess_loader:
             (directory / "cases.json").write_text(json.dumps({"cases": cases, "bases": bases}))
-            out = subprocess.run([sys.executable, "-c", RUNNER, str(directory / "cases.json"), str(ROOT / "tests")],
+            out = subprocess.run([sys.executable, "-c", RUNNER, str(directory / "cases.json"), str(Path(__file__).parent)],
                                  capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                                  check=False)
             assert out.returncode == 0, out.stderr[-3000:]

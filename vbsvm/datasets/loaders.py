@@ -6,7 +6,7 @@ What ships
 Rätsch benchmarks (``raetsch/<name>``, including the raw DELVE files of
 ringnorm and twonorm) ship with the package as gzip-compressed CSV files.
 They live once, in the repository's top-level ``data/`` directory, one
-folder per set; ``setup.py`` maps that directory onto the package
+folder per set; ``pyproject.toml`` maps that directory onto the package
 ``vbsvm.datasets.data``, so an installed wheel holds them in
 ``vbsvm/datasets/data/``. Each folder has a ``PROVENANCE.md``: the source
 (registry package or public repository, with checksums), the license, the
@@ -27,7 +27,7 @@ A data directory has the layout of ``data/``: ``<dir>/toenail/toenail.csv``,
    never silently replaced by another directory);
 2. otherwise the directory in the environment variable ``VBSVM_DATA``, if set;
 3. then the bundled data: ``vbsvm/datasets/data`` in an installed package,
-   or ``data/`` in a source checkout (the directory that holds ``setup.py``
+   or ``data/`` in a source checkout (the directory that holds ``pyproject.toml``
    and the ``vbsvm`` package), where the mapped package does not exist.
 
 In cases 2-3 the first directory that holds the file is used. If none does,
@@ -160,7 +160,7 @@ def _bundled_dir(package: Traversable | None = None, checkout: Path | None = Non
     ----------
     package : Traversable, optional
         Where an installed wheel holds the data (default: ``vbsvm/datasets/data``,
-        the package that ``setup.py`` maps onto the top-level ``data/``).
+        the package that ``pyproject.toml`` maps onto the top-level ``data/``).
     checkout : pathlib.Path, optional
         The source checkout this module would belong to (default: the
         directory two levels above ``vbsvm/datasets``).
@@ -169,7 +169,7 @@ def _bundled_dir(package: Traversable | None = None, checkout: Path | None = Non
     -------
     Traversable
         `package` if it exists; else ``checkout / "data"`` if `checkout` is a
-        source checkout (it holds ``setup.py`` and ``data/``); else `package`,
+        source checkout (it holds ``pyproject.toml`` and ``data/``); else `package`,
         so that an error message names where an installation should have the files.
     """
     if package is None:
@@ -178,7 +178,7 @@ def _bundled_dir(package: Traversable | None = None, checkout: Path | None = Non
         checkout = Path(__file__).resolve().parents[2]
     if package.is_dir():
         return package
-    if (checkout / "setup.py").is_file() and (checkout / "data").is_dir():
+    if (checkout / "pyproject.toml").is_file() and (checkout / "data").is_dir():
         return checkout / "data"
     return package
 
