@@ -80,3 +80,9 @@ def test_imputation_completions_have_a_bar(bars, data):
     holes.loc[np.arange(0, 60, 7), "x1"] = np.nan
     fit("y ~ .", holes, missing="impute", method="meanfield", seed=1, progress=True)
     assert [b.desc for b in bars].count("imputation completions") == 1
+
+
+def test_the_calibrated_fit_counts_its_ep_runs(bars, data):
+    fit = vbsvm.svm("y ~ .", data, seed=1, progress=True)
+    (bar,) = [b for b in bars if b.desc == "EP runs over the variances"]
+    assert bar.total is None and bar.closed and bar.n == fit.info["n_ep"]

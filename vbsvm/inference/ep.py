@@ -107,6 +107,7 @@ from vbsvm.exceptions import ConvergenceWarning
 from vbsvm.inference.ep_sites import (ANNEAL_FACTOR, STALL_SWEEPS, EPResult, expectation_propagation,  # noqa: F401 (re-exported)
                                       tilted_log_normalizer, tilted_moments)
 from vbsvm.inference.ep_variance_grid import PointEvaluator, cell_edges, find_mode, walk_1d
+from vbsvm.inference.progress import progress_bar
 from vbsvm.inference.threads import limit_blas
 from vbsvm.spd import pack_spd, spd_inverse, unpack_spd
 
@@ -211,6 +212,7 @@ class _Evidence:
     def __init__(self, model, ep_options, correct=False):
         self.model = model
         self.options = ep_options
+        self.bar = None  # the progress bar of integrate_variances, advanced once per EP run
         # the component of the Schur-eliminated factor, whose gradient gets corrected moments
         self.local = None
         if correct and model.m_sparse:
@@ -342,6 +344,8 @@ class _Evidence:
             return out
         self.sites = res.sites
         self.n_ep += 1
+        if self.bar is not None:
+            self.bar.update()
         self.n_sweeps += res.n_sweeps
         self.unconverged += not res.converged
         self.annealed += res.annealed
@@ -612,7 +616,7 @@ MOMENT_TOL = 1e-3
 def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5, tol=1e-6,
                         max_sweeps=500, correct_variance=False, evidence=None, mode_sd_tol=0.05,
                         warn_unconverged=True, anneal_after=None, strategy="auto", adaptive=None,
-                        moment_tol=MOMENT_TOL) -> GridPosterior:
+                        moment_tol=MOMENT_TOL, progress=False) -> GridPosterior:
     """Build the grid posterior of :class:`GridPosterior` for ``model``.
 
     Parameters
@@ -685,6 +689,9 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         the covariance is well determined and inaccurate where it is not: with 10 groups of 16
         rows (side scales 0.67 and 1.69 on one axis) its fixed-effect means were 0.09 sd and its
         sds up to 14% off the converged grid; with 30 groups of 20 rows 0.01 sd and 1%.
+    progress : bool
+        Show a counter of the EP runs with their rate (the rule is adaptive: their number is
+        not known in advance; see :mod:`vbsvm.inference.progress`).
 
     Returns
     -------
@@ -697,6 +704,19 @@ def integrate_variances(model, *, dz=None, drop=7.0, max_points=400, damping=0.5
         options["moment_tol"] = moment_tol
         options["undamped_leverage"] = UNDAMPED_LEVERAGE
     ev = _Evidence(model, options, correct=correct_variance) if evidence is None else evidence(model, options)
+    ev.bar = progress_bar(None, "EP runs over the variances", progress)
+    try:
+        return _integrate(ev, model, start, dz=dz, drop=drop, max_points=max_points, mode_sd_tol=mode_sd_tol,
+                          warn_unconverged=warn_unconverged, strategy=strategy, adaptive=adaptive,
+                          moment_tol=moment_tol, correct_variance=correct_variance)
+    finally:
+        if ev.bar is not None:
+            ev.bar.close()
+
+
+def _integrate(ev, model, start, *, dz, drop, max_points, mode_sd_tol, warn_unconverged, strategy, adaptive,
+               moment_tol, correct_variance):
+    """The body of :func:`integrate_variances` once its evidence ``ev`` is set up."""
     K = ev.n_variances
     if K == 0:  # the one EP run is the posterior: the site rule at tol
         ev.options.pop("moment_tol", None)
@@ -1114,7 +1134,8 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         grid = integrate_variances(model, dz=settings.get("ep_dz"), drop=settings.get("ep_drop", 7.0),
                                    damping=settings.get("ep_damping", EP_DAMPING), tol=settings.get("ep_tol", EP_TOL),
                                    correct_variance=settings.get("ep_correct_variance", False),
-                                   strategy=settings.get("ep_strategy", "auto"))
+                                   strategy=settings.get("ep_strategy", "auto"),
+                                   progress=bool(settings.get("progress", False)))
         mean, var, cov_d, cov_ds, means = _moments(grid, model, M)
         if grid.info["unconverged"] == grid.info["n_ep"] or not (np.all(np.isfinite(mean)) and np.all(np.isfinite(var))):
             raise FloatingPointError(
