@@ -126,6 +126,32 @@ class WorkingGram:
             self.br = np.zeros((0, 1))
 
 
+def with_prior(model, stats, tau, blocks=(), prior_shift=None):
+    """The blocks of the posterior precision and shift: those of the likelihood in ``stats`` (a
+    :class:`WorkingGram` or the statistics of EP's sites: ``A``, ``D``, ``bd``) plus the prior's,
+    i.e. ``tau`` on the diagonal, the covariance blocks ``blocks`` (``(index, precision)`` pairs)
+    and ``prior_shift``. Returns new ``(A, D, bd)`` (``D`` None without the eliminated factor)."""
+    qd = model.qd
+    A = stats.A.copy()
+    A[np.diag_indices(qd)] += tau[:qd]
+    sparse_prior = None
+    for index, Lam in blocks:
+        if index.min() >= qd:
+            sparse_prior = Lam
+        else:
+            A[index[:, :, None], index[:, None, :]] += Lam
+    bd = stats.bd if prior_shift is None else stats.bd + prior_shift
+    D = None
+    if model.m_sparse:
+        m, qs = model.m_sparse, model.q_sparse
+        D = stats.D.copy()
+        if sparse_prior is None:
+            D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
+        else:
+            D += sparse_prior
+    return A, D, bd
+
+
 class CoefficientPosterior:
     r"""Gaussian ``N(P^{-1} b, P^{-1})`` for theta with the structure of :class:`LinearSVMModel`.
 
@@ -143,22 +169,9 @@ class CoefficientPosterior:
         self.model = model
         qd = model.qd
         g = WorkingGram(model, w, r, extra_precision) if gram is None else gram
-        A = g.A.copy()
-        A[np.diag_indices(qd)] += tau[:qd]
-        sparse_prior = None
-        for index, Lam in blocks:
-            if index.min() >= qd:
-                sparse_prior = Lam
-            else:
-                A[index[:, :, None], index[:, None, :]] += Lam
-        bd = g.bd if prior_shift is None else g.bd + prior_shift
+        A, D, bd = with_prior(model, g, tau, blocks, prior_shift)
         if model.m_sparse:
             m, qs = model.m_sparse, model.q_sparse
-            D = g.D.copy()
-            if sparse_prior is None:
-                D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
-            else:
-                D += sparse_prior
             self.LD, self.LDinv = _batched_cholesky_inverse(D)
             LDinvT = np.swapaxes(self.LDinv, 1, 2)
             Dinv = LDinvT @ self.LDinv
@@ -462,22 +475,9 @@ class SiteGaussian(CoefficientPosterior):
     def __init__(self, model, tau, stats, blocks=(), prior_shift=None, inverse=True):
         self.model = model
         qd = model.qd
-        A = stats.A.copy()
-        A[np.diag_indices(qd)] += tau[:qd]
-        sparse_prior = None
-        for index, Lam in blocks:
-            if index.min() >= qd:
-                sparse_prior = Lam
-            else:
-                A[index[:, :, None], index[:, None, :]] += Lam
-        bd = stats.bd if prior_shift is None else stats.bd + prior_shift
+        A, D, bd = with_prior(model, stats, tau, blocks, prior_shift)
         if model.m_sparse:
             m, qs = model.m_sparse, model.q_sparse
-            D = stats.D.copy()
-            if sparse_prior is None:
-                D[:, np.arange(qs), np.arange(qs)] += tau[qd:].reshape(m, qs)
-            else:
-                D += sparse_prior
             if qs == 1:
                 self.LD = np.sqrt(D)
                 self.LDinv = 1.0 / self.LD
