@@ -24,8 +24,8 @@ of the linear predictor, a new patient at the prior). Acceptance: the Gibbs fit'
 of the GLMM's cross-validated log score.
 
 **B. Nested models (simulation, held-out split).** ``--reps`` data sets of ``--n-train`` training
-and ``--n-test`` test rows, six standard normal predictors, ``P(y = 1) = Phi(1.2 x1 + 0.8 x2 + 0.4 x3)``.
-Models ``y ~ x1`` within ``y ~ x1 + x2`` within ``y ~ x1 + x2 + x3`` within ``y ~ x1 + ... + x6``,
+and ``--n-test`` test rows, 18 standard normal predictors, ``P(y = 1) = Phi(1.5 x1 + 1.0 x2 + 0.7 x3)``.
+Models ``y ~ x1`` within ``y ~ x1 + x2`` within ``y ~ x1 + x2 + x3`` within ``y ~ x1 + ... + x18``,
 each fitted by ``vb`` and Gibbs. Per replicate and method: the models' ``loo`` elpd and their mean
 held-out log score (``predict(kind="prob")`` on the test rows); the rank agreement (Kendall's tau
 of the two orderings, and whether both pick the same best model).
@@ -47,7 +47,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import platform
+import sys
 import tempfile
 import time
 import warnings
@@ -264,7 +266,7 @@ def exact_one(args, df, method):
 
 def markdown(res) -> str:
     lines = ["# Leave-one-out cross-validation on a probability scale (`fit.loo()`)", "",
-             f"`PYTHONPATH=. python benchmarks/loo.py{' --quick' if res['args']['quick'] else ''}`; "
+             f"`{res.get('command', 'PYTHONPATH=. python benchmarks/loo.py')}`; "
              f"{res['machine']}; " + ", ".join(f"{k} {v:.0f} s" for k, v in res["seconds"].items()) + "."]
     if "toenail" in res:
         a = res["toenail"]
@@ -335,6 +337,9 @@ def main():
     res = json.loads(path.read_text()) if path.exists() else {"seconds": {}}
     res["args"] = vars(args)
     res["machine"] = f"{platform.machine()}, Python {platform.python_version()}, vbsvm {vbsvm.__version__}"
+    res["machine"] += f", {os.cpu_count()} CPUs shared with other jobs (load {os.getloadavg()[0]:.1f} at start)"
+    res["command"] = "PYTHONPATH=. python benchmarks/loo.py " + " ".join(
+        a for i, a in enumerate(sys.argv[1:]) if a != "--cache" and (i == 0 or sys.argv[i] != "--cache"))
     for part, key, run in (("A", "toenail", part_a), ("B", "nested", part_b), ("C", "exact", part_c)):
         if part in args.parts.split(","):
             start = time.perf_counter()

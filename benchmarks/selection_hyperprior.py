@@ -18,7 +18,8 @@
 Prints tables and writes ``benchmarks/results/selection_hyperprior.json`` and ``.md``.
 
 Run: ``PYTHONPATH=. python benchmarks/selection_hyperprior.py [--quick] [--parts sim elbo spam]``
-(``--quick``: 2 replicates, p = 10 and 50, short chains; a smoke test).
+(``--quick``: 2 replicates, p = 10 and 50, short chains; a smoke test; ``--reps``, ``--ps``,
+``--gibbs-draws``, ``--gibbs-tune`` shorten a full run).
 """
 
 from __future__ import annotations
@@ -76,10 +77,10 @@ def one_fit(df, prior, method, seed, gibbs):
 
 
 def simulations(args, out):
-    reps = 2 if args.quick else 5
-    ps = (10, 50) if args.quick else (10, 50, 200)
-    gibbs = dict(chains=2, draws=300 if args.quick else 1000, tune=200 if args.quick else 500,
-                 max_draws=300 if args.quick else 1000)
+    reps = args.reps or (2 if args.quick else 5)
+    ps = tuple(args.ps) if args.ps else ((10, 50) if args.quick else (10, 50, 200))
+    draws = args.gibbs_draws or (300 if args.quick else 1000)
+    gibbs = dict(chains=2, draws=draws, tune=args.gibbs_tune or (200 if args.quick else 500), max_draws=draws)
     cells = dict(out.get("simulations", {}).get("cells", {})) if args.resume else {}
     for p in ps:
         for corr in (0.0, 0.5):
@@ -233,6 +234,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--parts", nargs="*", default=["sim", "elbo", "spam"], choices=["sim", "elbo", "spam"])
     ap.add_argument("--resume", action="store_true", help="keep the parts and simulation cells already written")
+    ap.add_argument("--reps", type=int, help="replicates per simulation cell (default 5; 2 with --quick)")
+    ap.add_argument("--ps", type=int, nargs="*", help="numbers of predictors (default 10 50 200)")
+    ap.add_argument("--gibbs-draws", type=int, help="Gibbs draws per chain (default 1000; 300 with --quick)")
+    ap.add_argument("--gibbs-tune", type=int, help="Gibbs tuning sweeps (default 500; 200 with --quick)")
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
