@@ -85,13 +85,16 @@ def simulations(args, out):
     for p in ps:
         for corr in (0.0, 0.5):
             key = f"p={p}, {'independent' if corr == 0 else 'Toeplitz(0.5)'}"
+            priors = {name: PRIORS[name] for name in args.priors} if args.priors else PRIORS
+            if args.priors:
+                key += f", {' and '.join(priors)} only"
             if key in cells:
                 continue
-            methods = ("vb", "meanfield", "gibbs") if p <= 50 else ("vb", "meanfield")
-            runs = {name: {m: [] for m in methods} for name in PRIORS}
+            methods = ("vb", "meanfield", "gibbs") if p <= args.gibbs_max_p else ("vb", "meanfield")
+            runs = {name: {m: [] for m in methods} for name in priors}
             for r in range(reps):
                 df = vbsvm.datasets.simulate_sparse(200, p, 5, seed=100 + r, rho=corr)
-                for name, make in PRIORS.items():
+                for name, make in priors.items():
                     for method in methods:
                         runs[name][method].append(one_fit(df, make(p), method, r, gibbs))
                     print(f"{key}, replicate {r}, {name}: " + "; ".join(
@@ -102,7 +105,7 @@ def simulations(args, out):
             out["simulations"] = {
                 "setting": f"simulate_sparse(200, p, 5, seed=100+r, rho=corr), effect 1, {reps} replicates; Gibbs "
                            f"chains={gibbs['chains']}, draws={gibbs['draws']} (max_draws too: no extension), "
-                           f"tune={gibbs['tune']}, n_jobs=1, not run at p=200; CPU seconds of the process",
+                           f"tune={gibbs['tune']}, n_jobs=1, in the cells whose runs list it; CPU seconds of the process",
                 "cells": cells}
             save(args, out)  # after each cell: a long run that stops keeps what it did
 
@@ -238,6 +241,9 @@ def main():
     ap.add_argument("--ps", type=int, nargs="*", help="numbers of predictors (default 10 50 200)")
     ap.add_argument("--gibbs-draws", type=int, help="Gibbs draws per chain (default 1000; 300 with --quick)")
     ap.add_argument("--gibbs-tune", type=int, help="Gibbs tuning sweeps (default 500; 200 with --quick)")
+    ap.add_argument("--gibbs-max-p", type=int, default=50, help="largest p with Gibbs fits (default 50)")
+    ap.add_argument("--priors", nargs="*", help="only these priors (names as in the tables); their cells are "
+                                                 "stored apart, named with the priors")
     args = ap.parse_args()
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
