@@ -704,3 +704,23 @@ def test_nonconvergence_warns(small):
     with pytest.warns(vbsvm.exceptions.ConvergenceWarning):
         fit = vbsvm.svm("y ~ .", small, prior=LaplaceZero(rho=0.2), method="meanfield", max_iter=3)
     assert not fit.info["converged"]
+
+
+def test_collapsed_logits_with_more_columns_than_rows_and_vanishing_slab_precisions():
+    """p > n and slab variances near the top of the draws' range: the model with every term in
+    has a precision singular in floating point, yet the logits (which need only its precision
+    and shift) are finite and equal the dense integrals where those are computable."""
+    rng = np.random.default_rng(3)
+    n, p = 20, 40
+    X = rng.normal(size=(n, p))
+    df = pd.DataFrame(X, columns=[f"x{j}" for j in range(p)]).assign(y=(X[:, 0] > 0).astype(int))
+    d, model = make_model(df, rho=0.1)
+    gamma = np.zeros(model.m)
+    gamma[:3] = 1.0
+    a = rng.uniform(0.1, 3.0, model.n)
+    tau = model.prior_precision(np.array([1e-250] * len(model.vcomps)), np.ones(model.m))
+    gram = model.gram(1 / a)
+    with pytest.raises(np.linalg.LinAlgError):  # the full model's factor, which the logits avoid
+        model.posterior(gram, np.ones(model.qd), tau)
+    draw = model.collapsed_indicators(gram, gamma, tau, rng=np.random.default_rng(1))
+    assert np.all(np.isfinite(draw.logits)) and set(np.unique(draw.gamma)) <= {0.0, 1.0}

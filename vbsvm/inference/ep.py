@@ -781,6 +781,17 @@ def _integrate(ev, model, start, *, dz, drop, max_points, mode_sd_tol, warn_unco
                 "variance components' spread may be misstated (their means less so); check with method='gibbs'.",
                 ConvergenceWarning, stacklevel=3)
             return ccd
+    return _lattice(ev, evaluate, run, mode, H, evals, evecs, n_newton, ccd_scales, dz=dz, drop=drop,
+                    max_points=max_points, start=start, warn_unconverged=warn_unconverged)
+
+
+def _lattice(ev, evaluate, run, mode, H, evals, evecs, n_newton, ccd_scales, *, dz, drop, max_points, start,
+             warn_unconverged):
+    """:class:`GridPosterior` on the regular grid along the principal axes of ``H`` (``evals``,
+    ``evecs``) at ``mode``, step ``dz`` in standardized units, explored outward while the
+    log density stays within ``drop`` of the best (``run`` evaluates a point from a neighbour's
+    sites; ``evaluate`` is the adaptive rule's evaluator, or None)."""
+    K = ev.n_variances
     step = evecs * (dz / np.sqrt(evals))[None, :]  # columns: eta step per unit grid index
     # Explore the integer lattice outward from the mode (breadth first), keeping points within
     # drop of the highest (corrected) log density seen. A point's sites are dropped once they can

@@ -585,30 +585,9 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
     EPResult
     """
     problem = _Problem(model, tau, prior, blocks)
-
-    def done(p):
-        if moment_tol is not None:
-            mc = p.moment_change()
-            if np.isfinite(mc):
-                return mc < moment_tol
-        return p.change < tol
-
-    moment_best = [np.inf, 0]
-
-    def stalled(p):  # the moment rule: no halving of the moment change for MOMENT_STALL_SWEEPS sweeps
-        mc = p.moment_change() if moment_tol is not None and sites is not None else np.nan
-        if not np.isfinite(mc):
-            return False
-        if mc < 0.5 * moment_best[0]:
-            moment_best[:] = [mc, sweeps]
-            return False
-        return sweeps - moment_best[1] >= MOMENT_STALL_SWEEPS
-
-    y = model.y
-    n = y.size
-    default_pair = (np.ones(n), 2.0 * y)
-    if prior is not None:
-        default_pair = tuple(np.concatenate(pair) for pair in zip(default_pair, prior.start()))
+    rule = _StoppingRule(tol, moment_tol, watch_moments=sites is not None)
+    done = rule.done
+    default_pair = _default_sites(model, prior)
     default = None
     x = Sites(*default_pair) if sites is None else _as_sites(sites)
     delta = float(damping)
@@ -635,7 +614,7 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
         if done(cur):
             converged = True
             break
-        if stalled(cur):
+        if rule.stalled(cur, sweeps):
             break
         if anneal_after is not None and sweeps > anneal_after:
             annealed = True
@@ -666,29 +645,78 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
         if done(s1):
             converged = True
             break
-        x2 = s1.damped(delta)
-        x0 = cur.x
-        nr2 = _sq_dist(x1, x0)
-        nv2 = _sq_second_difference(x0, x1, x2)
-        x = x2
-        if nv2 > 0 and np.isfinite(nv2):
-            s = min(-np.sqrt(nr2 / nv2), -1.0)
-            # x0 - 2 s r + s^2 v = (1 + s)^2 x0 - 2 s (1 + s) x1 + s^2 x2
-            prop = Sites.combine(((1.0 + s) ** 2, -2.0 * s * (1.0 + s), s * s), (x0, x1, x2))
-            if np.all(prop.prec >= 0) and np.all(np.isfinite(prop.prec)) and np.all(np.isfinite(prop.shift)):
-                sp_ = _try_pass(problem, prop)
-                sweeps += 1
-                if sp_ is not None and sp_.change < s1.change:
-                    good = sp_
-                    if done(sp_):
-                        converged = True
-                        break
-                    x = sp_.damped(delta)
-                    last = sp_.change
-            del prop
+        x, sp_, tried = _squarem(problem, cur, x1, s1, delta)
+        sweeps += tried
+        if sp_ is not None:
+            good = sp_
+            if done(sp_):
+                converged = True
+                break
+            x = sp_.damped(delta)
+            last = sp_.change
     if good is None:
         raise FloatingPointError("EP failed: the Gaussian of the sites has no finite moments at these "
                                  "prior precisions.")
+    return _result(good, converged, sweeps, annealed, moment_tol, prior)
+
+
+class _StoppingRule:
+    """When parallel EP stops: the site rule (largest site change below ``tol``) or, with
+    ``moment_tol``, the moment rule (the Gaussian's means move by less than ``moment_tol`` sds in
+    a sweep; with ``watch_moments``, a run whose moment change has not halved for
+    :data:`MOMENT_STALL_SWEEPS` sweeps stops as stalled)."""
+
+    def __init__(self, tol, moment_tol, watch_moments):
+        self.tol, self.moment_tol, self.watch_moments = tol, moment_tol, watch_moments
+        self.moment_best = [np.inf, 0]
+
+    def done(self, p) -> bool:
+        if self.moment_tol is not None:
+            mc = p.moment_change()
+            if np.isfinite(mc):
+                return mc < self.moment_tol
+        return p.change < self.tol
+
+    def stalled(self, p, sweeps) -> bool:
+        mc = p.moment_change() if self.moment_tol is not None and self.watch_moments else np.nan
+        if not np.isfinite(mc):
+            return False
+        if mc < 0.5 * self.moment_best[0]:
+            self.moment_best[:] = [mc, sweeps]
+            return False
+        return sweeps - self.moment_best[1] >= MOMENT_STALL_SWEEPS
+
+
+def _default_sites(model, prior):
+    """The starting sites' ``(precisions, shifts)``: 1 and ``2 y`` per row, then the prior's start."""
+    y = model.y
+    default_pair = (np.ones(y.size), 2.0 * y)
+    if prior is not None:
+        default_pair = tuple(np.concatenate(pair) for pair in zip(default_pair, prior.start()))
+    return default_pair
+
+
+def _squarem(problem, cur, x1, s1, delta):
+    """SQUAREM's proposal from the sites ``cur.x``, ``x1`` (the damped sites of the pass ``cur``) and
+    the damped sites of the pass ``s1`` from ``x1``: ``(x2, the proposal's pass if it beats s1 else
+    None, passes made)``, ``x2`` the sites to go on from when it does not."""
+    x2 = s1.damped(delta)
+    x0 = cur.x
+    nr2 = _sq_dist(x1, x0)
+    nv2 = _sq_second_difference(x0, x1, x2)
+    if not (nv2 > 0 and np.isfinite(nv2)):
+        return x2, None, 0
+    s = min(-np.sqrt(nr2 / nv2), -1.0)
+    # x0 - 2 s r + s^2 v = (1 + s)^2 x0 - 2 s (1 + s) x1 + s^2 x2
+    prop = Sites.combine(((1.0 + s) ** 2, -2.0 * s * (1.0 + s), s * s), (x0, x1, x2))
+    if not (np.all(prop.prec >= 0) and np.all(np.isfinite(prop.prec)) and np.all(np.isfinite(prop.shift))):
+        return x2, None, 0
+    sp_ = _try_pass(problem, prop)
+    return x2, (sp_ if sp_ is not None and sp_.change < s1.change else None), 1
+
+
+def _result(good, converged, sweeps, annealed, moment_tol, prior) -> EPResult:
+    """The :class:`EPResult` of the last pass with finite moments, ``good``."""
     res = EPResult(good.post, good.prec, good.shift, good.log_z(), converged, sweeps, stats=good.x.stats,
                    site_constant=good.site_sum)
     res.max_leverage = good.max_leverage

@@ -86,6 +86,26 @@ def _selection_variance(C2sel, s, sel, second_moment_sel):
     return C2sel @ (ss * (1.0 - ss) * second_moment_sel)
 
 
+def selection_precision(base, gram: Gram, s, tau):
+    """``(S, h, D, GD, br)``: the precision ``S`` and shift ``h`` of the dense coordinates of
+    :class:`SelectionPosterior` (the random intercepts eliminated: ``D`` their precisions, ``GD``
+    the coupling ``D^{-1} G``, ``br`` their shifts), before any factorization."""
+    qd = base.qd
+    A = gram.Gdd * np.outer(s, s)
+    A[np.diag_indices(qd)] += tau[:qd] + np.diag(gram.Gdd) * s * (1.0 - s)
+    hd = s * gram.bd
+    if base.m_sparse:
+        D = gram.Dw + tau[qd:]
+        GD = (gram.Gsd * s) / D[:, None]
+        br = gram.br
+        S = A - (gram.Gsd * s).T @ GD
+        h = hd - GD.T @ br
+    else:
+        D, GD, br = np.zeros(0), np.zeros((0, qd)), np.zeros(0)
+        S, h = A, hd
+    return S, h, D, GD, br
+
+
 class SelectionPosterior(CoefficientPosterior):
     r"""Gaussian ``N(P^{-1} h, P^{-1})`` of theta given the inclusion weights ``s``.
 
@@ -101,19 +121,7 @@ class SelectionPosterior(CoefficientPosterior):
         self.model = base
         self.s = s
         self.C2sel = model.C2sel
-        qd = base.qd
-        A = gram.Gdd * np.outer(s, s)
-        A[np.diag_indices(qd)] += tau[:qd] + np.diag(gram.Gdd) * s * (1.0 - s)
-        hd = s * gram.bd
-        if base.m_sparse:
-            D = gram.Dw + tau[qd:]
-            GD = (gram.Gsd * s) / D[:, None]
-            br = gram.br
-            S = A - (gram.Gsd * s).T @ GD
-            h = hd - GD.T @ br
-        else:
-            D, GD, br = np.zeros(0), np.zeros((0, qd)), np.zeros(0)
-            S, h = A, hd
+        S, h, D, GD, br = selection_precision(base, gram, s, tau)
         self.L = np.linalg.cholesky(S)
         self.Linv, status = dtrtri(self.L, lower=1)
         if status != 0:

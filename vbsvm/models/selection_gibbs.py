@@ -11,7 +11,7 @@ from vbsvm.distributions import InverseGaussian
 from vbsvm.mcmc.model_jumps import ModelJumpTuner
 from vbsvm.mcmc.partial_noncentring import ExponentTuner
 from vbsvm.models import hinge
-from vbsvm.models.selection_algebra import IndicatorDraw
+from vbsvm.models.selection_algebra import IndicatorDraw, selection_precision
 from vbsvm.spd import spd_inverse
 
 
@@ -65,9 +65,17 @@ class SelectionGibbs:
         """
         qd = self.qd
         logit_rho = (self.prior_odds() if odds is None else odds).logit_rho
-        full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
-        R = full.L @ full.L.T
-        h = R @ full.mean_dense
+        try:
+            full = self.posterior(gram, np.ones(qd), tau, covariance_precisions)
+            R = full.L @ full.L.T
+            h = R @ full.mean_dense
+        except np.linalg.LinAlgError:
+            if self.slopes:
+                raise
+            # the model with every term in has a precision singular in floating point (more columns
+            # than rows, and slab variances so large that their precisions vanish next to the Gram):
+            # the conditional logits need only that precision and its shift, not its factor
+            R, h = selection_precision(self.base, gram, np.ones(qd), tau)[:2]
         gam = np.asarray(gamma_sel, dtype=float).copy()
         active = np.ones(qd, dtype=bool)
         active[self.sel] = gam == 1.0
