@@ -171,32 +171,17 @@ class CoefficientPosterior:
         g = WorkingGram(model, w, r, extra_precision) if gram is None else gram
         A, D, bd = with_prior(model, g, tau, blocks, prior_shift)
         if model.m_sparse:
-            m, qs = model.m_sparse, model.q_sparse
             self.LD, self.LDinv = _batched_cholesky_inverse(D)
-            LDinvT = np.swapaxes(self.LDinv, 1, 2)
-            Dinv = LDinvT @ self.LDinv
-            # S = A - sum_l Y_l' Y_l with Y_l = L_l^{-1} G_l (half solves), not G_l' (D_l^{-1} G_l):
-            # the explicit D_l^{-1} loses cond(D_l) digits, L_l^{-1} only its square root, and a row
-            # with a huge augmentation weight (w = 4e7, cond(D_l) = 1e10 on toenail with random
-            # slopes) made the latter S indefinite
-            Y = (self.LDinv @ g.G).reshape(m * qs, qd)
-            S = A - Y.T @ Y
-            GD = LDinvT @ Y.reshape(m, qs, qd)  # D_l^{-1} G_l, (m, qs, qd)
-            self.Dinv_br = (Dinv @ g.br[:, :, None])[:, :, 0]
-            h = bd - GD.reshape(m * qs, qd).T @ g.br.ravel()
+            S, h = self._eliminate(A, bd, g.G, g.br)
         else:
-            Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, qd))
-            self.LD = self.LDinv = Dinv
-            self.Dinv_br = np.zeros((0, 1))
-            S, h = A, bd
-        self.Dinv, self.GDb = Dinv, GD
+            S, h = self._no_elimination(A, bd)
         self.L = np.linalg.cholesky(S)
         # Inverse of the triangular factor, O(qd^3) once per update, with numpy's LAPACK: every
         # product with the n rows is then one numpy matrix multiply, and the hot loop never
         # alternates between numpy's and scipy's OpenBLAS (their threads fight over the cores).
         self.Linv = np.linalg.solve(self.L, np.eye(qd))
         self.mean_dense = self.Linv.T @ (self.Linv @ h)
-        self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
+        self.mean_sparse = (self.Dinv_br - self.GDb @ self.mean_dense).ravel()
         #: h' P^{-1} h with h = C' r, the data term of the collapsed density of the prior
         self.fit_term = float(bd @ self.mean_dense + g.br.ravel() @ self.mean_sparse)
 
@@ -324,6 +309,33 @@ class CoefficientPosterior:
         noise = np.einsum("lkj,slk->slj", self.LDinv, rng.standard_normal((size, m, qs)))
         sparse = self.Dinv_br[None] - np.einsum("lkd,sd->slk", self.GDb, dense) + noise
         return np.hstack([dense, sparse.reshape(size, m * qs)])
+
+    def _eliminate(self, A, bd, G, br):
+        """Eliminate the random effects (factor ``self.LDinv`` of their blocks ``D_l``, coupling ``G``
+        (m, qs, qd), shifts ``br``) from the precision ``A`` and shift ``bd``: ``(S, h)`` of the dense
+        coordinates; sets ``Dinv``, ``GDb`` (``D_l^{-1} G_l``) and ``Dinv_br``.
+
+        ``S = A - sum_l Y_l' Y_l`` with ``Y_l = L_l^{-1} G_l`` (half solves), not
+        ``G_l' (D_l^{-1} G_l)``: the explicit ``D_l^{-1}`` loses cond(D_l) digits, ``L_l^{-1}`` only
+        its square root, and a row with a huge augmentation weight (w = 4e7, cond(D_l) = 1e10 on
+        toenail with random slopes) made the latter S indefinite."""
+        m, qs, qd = self.model.m_sparse, self.model.q_sparse, self.model.qd
+        LDinvT = np.swapaxes(self.LDinv, 1, 2)
+        Dinv = LDinvT @ self.LDinv
+        Y = (self.LDinv @ G).reshape(m * qs, qd)
+        S = A - Y.T @ Y
+        GD = LDinvT @ Y.reshape(m, qs, qd)  # D_l^{-1} G_l, (m, qs, qd)
+        self.Dinv_br = (Dinv @ br[:, :, None])[:, :, 0]
+        self.Dinv, self.GDb = Dinv, GD
+        return S, bd - GD.reshape(m * qs, qd).T @ br.ravel()
+
+    def _no_elimination(self, A, bd):
+        """``(A, bd)`` and empty random-effect blocks, for a model without them."""
+        Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, A.shape[0]))
+        self.LD = self.LDinv = Dinv
+        self.Dinv_br = np.zeros((0, 1))
+        self.Dinv, self.GDb = Dinv, GD
+        return A, bd
 
 
 class WoodburyPosterior(CoefficientPosterior):
@@ -474,29 +486,18 @@ class SiteGaussian(CoefficientPosterior):
 
     def __init__(self, model, tau, stats, blocks=(), prior_shift=None, inverse=True):
         self.model = model
-        qd = model.qd
         A, D, bd = with_prior(model, stats, tau, blocks, prior_shift)
         if model.m_sparse:
-            m, qs = model.m_sparse, model.q_sparse
+            qs = model.q_sparse
             if qs == 1:
                 self.LD = np.sqrt(D)
                 self.LDinv = 1.0 / self.LD
             else:
                 self.LD = np.linalg.cholesky(D)
                 self.LDinv = np.linalg.solve(self.LD, np.broadcast_to(np.eye(qs), D.shape))
-            LDinvT = np.swapaxes(self.LDinv, 1, 2)
-            Dinv = LDinvT @ self.LDinv
-            Y = (self.LDinv @ stats.G).reshape(m * qs, qd)  # L_l^{-1} G_l (see CoefficientPosterior)
-            S = A - Y.T @ Y
-            GD = LDinvT @ Y.reshape(m, qs, qd)
-            self.Dinv_br = (Dinv @ stats.br[:, :, None])[:, :, 0]
-            h = bd - GD.reshape(m * qs, qd).T @ stats.br.ravel()
+            S, h = self._eliminate(A, bd, stats.G, stats.br)
         else:
-            Dinv, GD = np.zeros((0, 1, 1)), np.zeros((0, 1, qd))
-            self.LD = self.LDinv = Dinv
-            self.Dinv_br = np.zeros((0, 1))
-            S, h = A, bd
-        self.Dinv, self.GDb = Dinv, GD
+            S, h = self._no_elimination(A, bd)
         L, info = dpotrf(S, lower=1, clean=1)
         if info != 0:
             raise np.linalg.LinAlgError("the precision of the sites' Gaussian is not positive definite")
@@ -510,7 +511,7 @@ class SiteGaussian(CoefficientPosterior):
         else:  # the mean alone (two triangular solves); no covariance
             self.Linv = None
             self.mean_dense, info = dpotrs(L, h, lower=1)
-        self.mean_sparse = (self.Dinv_br - GD @ self.mean_dense).ravel()
+        self.mean_sparse = (self.Dinv_br - self.GDb @ self.mean_dense).ravel()
         self.fit_term = float(bd @ self.mean_dense + stats.br.ravel() @ self.mean_sparse)
 
 
