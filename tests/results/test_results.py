@@ -294,7 +294,6 @@ def text_fits(fits, toenail):
     return out
 
 
-@pytest.mark.slow
 def test_text_summaries_and_descriptions_fit_in_100_columns(text_fits):
     for name, fit in text_fits.items():
         for text in (fit.summary().as_text(), repr(fit), str(fit)):
