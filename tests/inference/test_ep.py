@@ -630,3 +630,43 @@ def test_many_rows_few_passes_frozen_points():
     (m_l, v_l, *_), (m_f, v_f, *_) = ep._moments(lattice, model, identity), ep._moments(fast, model, identity)
     np.testing.assert_allclose(m_f, m_l, atol=0.01 * np.sqrt(v_l).min())
     np.testing.assert_allclose(np.sqrt(v_f), np.sqrt(v_l), rtol=0.01)
+
+
+class _Run:
+    """A stand-in EP result for the walk of one log variance (converged or not)."""
+
+    def __init__(self, converged):
+        self.converged, self.mean, self.diag_cov, self.site_prec = converged, np.zeros(2), np.ones(2), np.ones(3)
+
+
+@pytest.mark.parametrize("edge_converges", [True, False])
+def test_walk_stops_a_rising_side_at_the_first_unconverged_run(edge_converges):
+    """Separable data: the log density rises with the penalty's log variance until EP's edge,
+    where runs end unconverged at their sweep cap. The walk keeps that run and ends the side
+    there (counted as cut inside the mass); where EP converges the side goes on."""
+    from vbsvm.inference.ep_variance_grid import walk_1d
+
+    seen = []
+
+    def evaluate(eta, drop=np.nan, warm=None):
+        e = float(eta[0])
+        seen.append(e)
+        if e > 12.0:
+            return -np.inf, np.array([np.nan]), None
+        lp = 0.3 * e if e > 0 else 2.0 * e  # rising to the right, falling to the left
+        return lp, np.array([0.3 if e > 0 else 2.0]), _Run(edge_converges or e < 4.0)
+
+    points, truncated, cut = walk_1d(evaluate, 0.0, 0.0, np.array([0.3]), _Run(True), 1.0, dz=1.0, drop=7.0)
+    right = [p[0] for p in points if p[0] > 0]
+    if edge_converges:
+        assert max(right) > 10.0 and cut == 1  # on until EP fails, inside the mass
+    else:
+        assert max(right) == max(seen) and 4.0 <= max(right) < 6.0 and cut == 1
+    assert not truncated
+
+
+def test_the_corrections_read_the_heaviest_converged_point_that_kept_its_sites():
+    runs = [_Run(True), _Run(True), _Run(False)]
+    runs[0].site_prec = None
+    assert ep.heaviest_point(runs, [0.0, 1.0, 2.0]) == 1  # the unconverged edge is heavier
+    assert ep.heaviest_point(runs[:1] + [_Run(False)], [3.0, 1.0]) == 1  # the only one with sites

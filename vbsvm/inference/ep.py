@@ -873,7 +873,7 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     fits = [p[3] for p in keep]
     lo, hi = cell_edges(eta[:, 0])
     log_w = lp + np.log(hi - lo)
-    heaviest = int(np.argmax(log_w))
+    heaviest = heaviest_point(fits, log_w)
     for g, f in enumerate(fits):  # as on the lattice, only the heaviest point keeps its sites
         if g != heaviest:
             f.release_sites()
@@ -882,6 +882,19 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     info["n_frozen"] = evaluate.n_frozen
     step = np.array([[dz / np.sqrt(max(curvature, 1e-6))]])
     return GridPosterior(eta, lp, fits, step, mode, H, info, log_rule=np.log(hi - lo), cells=(lo, hi))
+
+
+def heaviest_point(fits, log_w) -> int:
+    """The grid point whose sites the marginal corrections read: the heaviest of the converged EP
+    runs that kept their sites (an unconverged run at EP's edge, which separable data can make the
+    heaviest, would be run on at the site rule for hundreds of sweeps)."""
+    log_w = np.asarray(log_w, dtype=float)
+    kept = np.array([f.site_prec is not None for f in fits])
+    converged = kept & np.array([bool(f.converged) for f in fits])
+    for ok in (converged, kept):
+        if ok.any():
+            return int(np.argmax(np.where(ok, log_w, -np.inf)))
+    return int(np.argmax(log_w))
 
 
 def _run_info(ev, n_newton, start, warn_unconverged, strategy, points=None):
@@ -1161,7 +1174,7 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         if correct:
             # corrected marginals at the grid's heaviest point, carried to the mixture as a shift
             # and a scale of each dense coordinate (correlations and the random intercepts kept)
-            heaviest = int(np.argmax(grid.weights))
+            heaviest = heaviest_point(grid.fits, np.log(grid.weights))
             top = _settled(model, grid, heaviest, settings.get("ep_tol", EP_TOL), settings.get("ep_damping", EP_DAMPING))
             c_mean, c_sd = corrected_marginals(top, model, M)
             e_mean = M @ top.mean[: model.qd]

@@ -33,7 +33,8 @@ per point where the density is high and flat (nearly separable data: the penalty
 spread over 10 units, the mode search stopped after a few steps and the grid climbing the rest),
 and shortened where a coefficient's EP mean would move by more than :data:`THETA_STEP` EP sds;
 each side stops where the log density has fallen ``drop`` below the best seen, or where EP fails
-(at variances near e^18 it does not settle on such data). The weights are the density times the
+or ends unconverged while the density still rises (at variances near e^18 it does not settle on
+such data). The weights are the density times the
 cell widths, the trapezoid rule in the coordinate in which the points are regular (exact to 4e-4
 posterior sds on the exact posterior of a variance given one site).
 
@@ -270,8 +271,14 @@ def walk_1d(evaluate, mode, lp0, grad0, res0, curvature, *, dz=1.0, drop=7.0, ma
             j += 1
             point = (eta, out[0], float(out[1][0]), out[2])
             points[sign * j] = point
+            rising = out[0] > best
             best = max(best, out[0])
             if out[0] < best - drop:
+                break
+            if rising and not out[2].converged:
+                # EP's edge while the density still rises (separable data at variances near e^18:
+                # each further run costs the most sweeps and ends unconverged or failed)
+                cut += 1
                 break
             # the next step: as long, or STEP_GROWTH longer where the density is high (within
             # FLAT_REGION of the best) and flat (it fell over this step by less than FLAT_CURVATURE
