@@ -244,11 +244,9 @@ else:
         rows.append(one_split(task))
         print(f"  {len(rows)}/{splits} splits done ({time.perf_counter() - t:.0f} s)", file=sys.stderr, flush=True)
 wall = time.perf_counter() - t
-load = os.getloadavg()[0]
 res = pd.DataFrame(rows).sort_values("split").reset_index(drop=True)
 res.to_csv(RESULTS / f"{STEM}.csv", index=False)
-print(f"{splits} splits in {wall:.0f} s with {args.jobs} process(es); 1-min load average at the end {load:.1f} "
-      f"on {os.cpu_count()} cores. Train {res['n_train'].iloc[0]} rows, of which {res['n_train_incomplete'].iloc[0]} "
+print(f"{splits} splits in {wall:.0f} s with {args.jobs} process(es). Train {res['n_train'].iloc[0]} rows, of which {res['n_train_incomplete'].iloc[0]} "
       f"incomplete; test {len(split_data) - res['n_train'].iloc[0]} complete rows.")
 
 # %% [markdown]

@@ -22,7 +22,6 @@
 
 # %%
 import argparse
-import os
 import sys
 import time
 import warnings
@@ -103,7 +102,7 @@ with warnings.catch_warnings(record=True) as caught:
 t_gibbs = time.perf_counter() - t0
 print(f"mean-field VB: {t_vb:.2f} s wall, {c_vb:.2f} s CPU, {vb.info['n_sweeps']} sweeps; "
       f"calibrated VB: {t_ep:.2f} s wall, {c_ep:.2f} s CPU, {ep.info['n_ep']} EP runs; "
-      f"Gibbs: {t_gibbs:.0f} s wall; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+      f"Gibbs: {t_gibbs:.0f} s wall")
 print(ep.summary())
 
 # %% [markdown]
