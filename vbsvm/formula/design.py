@@ -42,6 +42,7 @@ from formulaic.errors import FactorEvaluationError, FormulaicError
 from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
 from vbsvm.formula.habits import R_FUNCTIONS, call_names, python_power, r_call_problem
 from vbsvm.formula.safety import check_formula
+from vbsvm.formula.separation import separation_certificate
 
 __all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS",
            "MAX_FACTOR_LEVELS", "MAX_FACTOR_BYTES", "MAX_STANDARDIZED", "numbers_as_text"]
@@ -228,7 +229,8 @@ class Design:
     def linearly_separable(self, max_size: int = 5_000_000, *, intercept: bool = True) -> bool | None:
         """Whether the fixed effects separate the complete rows (some ``beta`` puts every row
         beyond the margin, ``y_i x_i^T beta >= 1``: a linear-programming feasibility problem,
-        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
+        settled by a certificate of either answer (:mod:`vbsvm.formula.separation`) or else solved
+        by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
         decide (numerical difficulties with both of its methods). On such data the
         hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior.
 
@@ -244,13 +246,20 @@ class Design:
             return None
         if p == 0:
             return False
-        # Separable data stay separable on every subset of rows, so an infeasible LP on evenly
-        # spaced rows proves the whole is not separable at a fraction of the cost (and memory) of
-        # the full LP, which is solved only when the subset is separable or undecided.
+        # Separable data stay separable on every subset of rows, so overlap on evenly spaced rows
+        # proves the whole is not separable at a fraction of the cost (and memory) of the full
+        # check, which is made only when the subset is separable or undecided.
         subset = rows[np.linspace(0, n - 1, min(n, max(SEPARATION_SUBSET, 20 * p))).astype(int)]
-        if len(subset) < n and self._separating_lp(subset, cols) is False:
+        if len(subset) < n and self._separable_rows(subset, cols) is False:
             return False
-        return self._separating_lp(rows, cols)
+        return self._separable_rows(rows, cols)
+
+    def _separable_rows(self, rows, cols) -> bool | None:
+        """Whether some beta gives ``y_i x_i[cols]^T beta >= 1`` on ``rows`` (None: undecided): by
+        the certificate of :func:`~vbsvm.formula.separation.separation_certificate` where it finds
+        one that holds by a wide margin (the LP's answer, at a fraction of its cost), else by the LP."""
+        found = separation_certificate(self.y[rows, None] * self.X[np.ix_(rows, cols)])
+        return found if found is not None else self._separating_lp(rows, cols)
 
     def _separating_lp(self, rows, cols) -> bool | None:
         """Whether some beta gives ``y_i x_i[cols]^T beta >= 1`` on ``rows`` (None: undecided)."""
