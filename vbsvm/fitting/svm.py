@@ -7,7 +7,6 @@ import time
 import warnings
 
 import numpy as np
-import pandas as pd
 
 from vbsvm.exceptions import DiagnosticWarning
 from vbsvm.fitting.builders import check_re_prior, fit_design
@@ -181,9 +180,9 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
         # blocks of rows so that the prediction's copies of the design stay small
         step = max(1024, 2 ** 18 // max(design.p, 1))
-        score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
-                           for s in range(0, design.n, step)])
-        fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
+        mean, sd = (np.concatenate(parts) for parts in zip(*(fit.training_score(slice(s, s + step))
+                                                             for s in range(0, design.n, step))))
+        fit.info["prob_calibration"] = list(fit_probit_calibration(mean, sd, design.y))
     return whole_fit_time(fit, start)
 
 

@@ -368,25 +368,31 @@ class Design:
 
     def _check_extrapolation(self, X):
         """Refuse new values more than :data:`MAX_STANDARDIZED` training sds from the training
-        mean (the standardized scale; without standardization the value itself), column by column
-        (no n x p copy): the variance of their scores, a sum of squares, would overflow."""
+        mean (the standardized scale; without standardization the value itself), by blocks of
+        columns of at most :data:`MATRIX_BLOCK_BYTES` (no n x p copy): the variance of their
+        scores, a sum of squares, would overflow."""
         if not len(X):
             return
+        width = max(1, MATRIX_BLOCK_BYTES // (8 * len(X)))
         with np.errstate(over="ignore", invalid="ignore"):
-            for j, name in enumerate(self.column_names):
-                if name == "Intercept":
-                    continue
-                far = np.abs(X[:, j] - self.center[j]) > MAX_STANDARDIZED * self.scale[j]
+            for start in range(0, X.shape[1], width):
+                cols = slice(start, start + width)
+                far = np.abs(X[:, cols] - self.center[cols]) > MAX_STANDARDIZED * self.scale[cols]
                 if far.any():
-                    rows = np.flatnonzero(far)
-                    where = (f"training sds ({self.scale[j]:.3g}) from the training mean ({self.center[j]:.3g})"
-                             if self.standardize else "in absolute value")
-                    raise InputError(
-                        f"newdata gives design column {name!r} value(s) such as {X[rows[0], j]:.3g} (in "
-                        f"{rows.size} row(s), the first at position {rows[0]}), more than {MAX_STANDARDIZED:.0e} "
-                        f"{where}: the variance of the model's score there overflows float64, so its "
-                        "predictions would be meaningless; check the column's units, or drop those rows "
-                        "(or set them to NaN).")
+                    self._refuse_extrapolation(X, start + int(np.flatnonzero(far.any(axis=0))[0]))
+
+    def _refuse_extrapolation(self, X, j):
+        """Raise the InputError of :meth:`_check_extrapolation` for column ``j`` of ``X``."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows = np.flatnonzero(np.abs(X[:, j] - self.center[j]) > MAX_STANDARDIZED * self.scale[j])
+        where = (f"training sds ({self.scale[j]:.3g}) from the training mean ({self.center[j]:.3g})"
+                 if self.standardize else "in absolute value")
+        raise InputError(
+            f"newdata gives design column {self.column_names[j]!r} value(s) such as {X[rows[0], j]:.3g} (in "
+            f"{rows.size} row(s), the first at position {rows[0]}), more than {MAX_STANDARDIZED:.0e} "
+            f"{where}: the variance of the model's score there overflows float64, so its "
+            "predictions would be meaningless; check the column's units, or drop those rows "
+            "(or set them to NaN).")
 
     def incomplete_rows(self, newdata: pd.DataFrame, *, imputable: bool = False) -> np.ndarray:
         """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
