@@ -398,9 +398,10 @@ class Design:
         """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
         besides the response (grouping columns included). With ``imputable`` (fits with
         ``missing="impute"``) missing values of numeric fixed-effect columns do not count."""
-        fixed = set(self.fixed_vars or ())
-        columns = [c for c in self.raw.columns if c != self.response and c in newdata.columns
-                   and not (imputable and c in fixed and pd.api.types.is_numeric_dtype(self.raw[c]))]
+        imputed = set(_columns_where(self.raw, self.fixed_vars or (), pd.api.types.is_numeric_dtype)
+                      if imputable else ())
+        columns = [c for c in self.raw.columns.tolist() if c != self.response and c in newdata.columns
+                   and c not in imputed]
         return _missing_mask(newdata, columns)
 
     def new_random_effects(self, newdata, new_levels="zero") -> list:
@@ -688,9 +689,9 @@ def without_attrs(data: pd.DataFrame) -> pd.DataFrame:
 def _columns_where(frame: pd.DataFrame, columns, test) -> list:
     """The ``columns`` of ``frame`` (each a name it has once) whose dtype passes ``test``, which is
     called once per distinct dtype object (not per column)."""
-    dtypes = dict(zip(frame.columns, frame.dtypes))
-    passed = {}
-    return [c for c in columns if passed.setdefault(id(dtypes[c]), bool(test(dtypes[c])))]
+    dtypes = dict(zip(frame.columns.tolist(), frame.dtypes.tolist()))  # (not an iteration of the index)
+    passed = {id(dt): bool(test(dt)) for dt in {id(dt): dt for dt in map(dtypes.get, columns)}.values()}
+    return [c for c in columns if passed[id(dtypes[c])]]
 
 
 def _check_column_types(frame: pd.DataFrame, columns, name: str = "data") -> None:
@@ -779,8 +780,12 @@ def numbers_as_text(design: Design, min_levels: int = 10) -> list:
 
 
 def _missing_mask(data: pd.DataFrame, columns) -> np.ndarray:
+    """Which rows of ``data`` miss a value in any of ``columns``; from the missing values of the
+    whole frame when ``columns`` are at least half of it (cheaper than a frame of them)."""
     if not columns:
         return np.zeros(len(data), dtype=bool)
+    if data.columns.is_unique and 2 * len(columns) >= data.shape[1]:
+        return data.isna().to_numpy()[:, [data.columns.get_loc(c) for c in columns]].any(axis=1)
     return _take_columns(data, columns).isna().to_numpy().any(axis=1)
 
 
@@ -856,7 +861,7 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
         raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
     if len(data) == 0:
         raise InputError("data has no rows; pass a non-empty DataFrame.")
-    response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns)
+    response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns.tolist())
     _check_r_calls(formula, columns)
     rhs_formula = _expand_dot(fixed, columns, response, groups)
     if not data.columns.is_unique:  # before anything looks a column up by its name
