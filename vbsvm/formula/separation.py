@@ -58,7 +58,7 @@ def separation_certificate(A: np.ndarray) -> bool | None:
         weights = np.where(inside, slack, 0.0)
         if _overlap(A, weights):
             return False
-        step = scipy.linalg.lstsq(A[inside], slack[inside], lapack_driver="gelsy", check_finite=False)[0]
+        step = _least_squares(A[inside], slack[inside])
         change = A @ step
         t = _exact_step(slack, change)
         if not 0 < t < np.inf:
@@ -70,6 +70,21 @@ def separation_certificate(A: np.ndarray) -> bool | None:
             return None
         loss = new_loss
     return None
+
+
+def _least_squares(B: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """A least-squares solution of ``B x = r``: by the Cholesky factor of ``B'B`` when it is well
+    conditioned (the usual case, at half the cost), else by a rank-revealing QR of ``B`` (more
+    columns than rows, collinear columns)."""
+    if B.shape[0] >= B.shape[1]:
+        gram = B.T @ B
+        try:
+            factor = scipy.linalg.cho_factor(gram, check_finite=False)
+        except np.linalg.LinAlgError:
+            factor = None
+        if factor is not None and np.diag(factor[0]).min() ** 2 > 1e-10 * np.diag(gram).max():
+            return scipy.linalg.cho_solve(factor, B.T @ r, check_finite=False)
+    return scipy.linalg.lstsq(B, r, lapack_driver="gelsy", check_finite=False)[0]
 
 
 def _exact_step(slack: np.ndarray, change: np.ndarray) -> float:
