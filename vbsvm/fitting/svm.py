@@ -7,7 +7,6 @@ import time
 import warnings
 
 import numpy as np
-import pandas as pd
 
 from vbsvm.exceptions import DiagnosticWarning
 from vbsvm.fitting.builders import check_re_prior, fit_design
@@ -66,7 +65,8 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         ``None``: vague ``N(0, sigma2_beta)`` prior on every fixed effect. On data that the fixed
         effects separate, ``None`` makes the coefficients as large as ``sigma2_beta`` allows and
         ``"auto"`` with ``A_u <= 1`` leaves them without finite posterior means (see
-        :func:`warn_about_data`): ``svm`` checks by a linear program (up to ``n * p`` = 5e6),
+        :func:`warn_about_data`): ``svm`` checks by a linear program (up to ``n * p`` = 5e6;
+        usually settled by a certificate of its answer, :mod:`vbsvm.formula.separation`),
         warns, and records ``fit.info["separable"]`` and a summary note.
     prior : None or vbsvm.LaplaceZero
         ``vbsvm.LaplaceZero(...)``: spike-and-slab Laplace selection of the fixed effects
@@ -180,9 +180,9 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         # the scale of kind="prob", fitted on the training rows (see fit_probit_calibration); scored by
         # blocks of rows so that the prediction's copies of the design stay small
         step = max(1024, 2 ** 18 // max(design.p, 1))
-        score = pd.concat([fit.predict_score(design.raw.iloc[s:s + step], new_levels="zero")
-                           for s in range(0, design.n, step)])
-        fit.info["prob_calibration"] = list(fit_probit_calibration(score["mean"], score["sd"], design.y))
+        mean, sd = (np.concatenate(parts) for parts in zip(*(fit.training_score(slice(s, s + step))
+                                                             for s in range(0, design.n, step))))
+        fit.info["prob_calibration"] = list(fit_probit_calibration(mean, sd, design.y))
     return whole_fit_time(fit, start)
 
 
@@ -274,7 +274,8 @@ def warn_about_data(design, *, penalty=None, A_u=None, separability=True, max_lp
                     "prior decides how they are shared; remove the redundant column(s) from the formula.",
                     DiagnosticWarning, stacklevel=3)
         if separability and penalty is None:
-            found["separable"] = design.linearly_separable(max_lp_size)
+            with limit_blas(float(n) * p * p):  # the certificates' least-squares fits
+                found["separable"] = design.linearly_separable(max_lp_size)
             if found["separable"]:
                 warnings.warn(
                     "the data are linearly separable by the fixed effects (every point can be put "
@@ -283,7 +284,8 @@ def warn_about_data(design, *, penalty=None, A_u=None, separability=True, max_lp
                     "with penalty=None); use penalty='auto' or a fixed penalty, and read the "
                     "intervals as prior-driven.", DiagnosticWarning, stacklevel=3)
         elif separability and penalty == "auto" and A_u is not None and A_u <= SEPARATION_SHAPE_WITH_INTERCEPT:
-            found.update(_separation_under_inferred_penalty(design, A_u, max_lp_size))
+            with limit_blas(float(n) * p * p):
+                found.update(_separation_under_inferred_penalty(design, A_u, max_lp_size))
     for g in design.groups:
         counts = np.bincount(g.codes, minlength=g.n_levels)
         if g.n_levels == 1:

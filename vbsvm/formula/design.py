@@ -42,6 +42,7 @@ from formulaic.errors import FactorEvaluationError, FormulaicError
 from vbsvm.exceptions import DiagnosticWarning, FormulaError, InputError, InputTypeError
 from vbsvm.formula.habits import R_FUNCTIONS, call_names, python_power, r_call_problem
 from vbsvm.formula.safety import check_formula
+from vbsvm.formula.separation import separation_certificate
 
 __all__ = ["Design", "GroupingFactor", "build_design", "MISSING_ACTIONS",
            "MAX_FACTOR_LEVELS", "MAX_FACTOR_BYTES", "MAX_STANDARDIZED", "numbers_as_text"]
@@ -62,6 +63,8 @@ MAX_STANDARDIZED = 1e100
 #: Rows (at least; 20 per column) of the subset whose LP is tried first by
 #: :meth:`Design.linearly_separable`: overlapping classes are found not separable on it.
 SEPARATION_SUBSET = 2000
+#: Largest block of columns (bytes as float64) that :meth:`PlainSpec.matrix` converts at once.
+MATRIX_BLOCK_BYTES = 2 ** 20
 
 
 
@@ -226,7 +229,8 @@ class Design:
     def linearly_separable(self, max_size: int = 5_000_000, *, intercept: bool = True) -> bool | None:
         """Whether the fixed effects separate the complete rows (some ``beta`` puts every row
         beyond the margin, ``y_i x_i^T beta >= 1``: a linear-programming feasibility problem,
-        solved by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
+        settled by a certificate of either answer (:mod:`vbsvm.formula.separation`) or else solved
+        by HiGHS); None when ``n * p`` exceeds ``max_size`` (not checked) or the solver cannot
         decide (numerical difficulties with both of its methods). On such data the
         hinge pseudo-likelihood is 1 on a cone of coefficients, so their size is set by the prior.
 
@@ -242,13 +246,20 @@ class Design:
             return None
         if p == 0:
             return False
-        # Separable data stay separable on every subset of rows, so an infeasible LP on evenly
-        # spaced rows proves the whole is not separable at a fraction of the cost (and memory) of
-        # the full LP, which is solved only when the subset is separable or undecided.
+        # Separable data stay separable on every subset of rows, so overlap on evenly spaced rows
+        # proves the whole is not separable at a fraction of the cost (and memory) of the full
+        # check, which is made only when the subset is separable or undecided.
         subset = rows[np.linspace(0, n - 1, min(n, max(SEPARATION_SUBSET, 20 * p))).astype(int)]
-        if len(subset) < n and self._separating_lp(subset, cols) is False:
+        if len(subset) < n and self._separable_rows(subset, cols) is False:
             return False
-        return self._separating_lp(rows, cols)
+        return self._separable_rows(rows, cols)
+
+    def _separable_rows(self, rows, cols) -> bool | None:
+        """Whether some beta gives ``y_i x_i[cols]^T beta >= 1`` on ``rows`` (None: undecided): by
+        the certificate of :func:`~vbsvm.formula.separation.separation_certificate` where it finds
+        one that holds by a wide margin (the LP's answer, at a fraction of its cost), else by the LP."""
+        found = separation_certificate(self.y[rows, None] * self.X[np.ix_(rows, cols)])
+        return found if found is not None else self._separating_lp(rows, cols)
 
     def _separating_lp(self, rows, cols) -> bool | None:
         """Whether some beta gives ``y_i x_i[cols]^T beta >= 1`` on ``rows`` (None: undecided)."""
@@ -294,7 +305,7 @@ class Design:
         -------
         X : numpy.ndarray, shape (len(newdata), p)
         """
-        newdata = check_frame(newdata, "newdata")
+        newdata = without_attrs(check_frame(newdata, "newdata"))
         needed = list(self.fixed_vars) if self.fixed_vars is not None else sorted(
             set(self.raw.columns) - {self.response} - {g.name for g in self.groups})
         absent = [c for c in needed if c not in newdata.columns]
@@ -306,8 +317,10 @@ class Design:
         _check_unique_columns(newdata, needed, "newdata")
         _check_column_types(newdata, needed, "newdata")
         categorical = set(categorical_calls(self.formula))
+        numeric = set(_columns_where(self.raw, [c for c in needed if c in self.raw.columns],
+                                     pd.api.types.is_numeric_dtype))
         for c in needed:
-            if c in self.raw.columns and (c in categorical or not pd.api.types.is_numeric_dtype(self.raw[c])):
+            if c in self.raw.columns and (c in categorical or c not in numeric):
                 seen = set(pd.unique(self.raw[c].dropna()).tolist())
                 unseen = sorted({v for v in pd.unique(newdata[c].dropna()).tolist() if v not in seen}, key=str)
                 if unseen:
@@ -355,33 +368,40 @@ class Design:
 
     def _check_extrapolation(self, X):
         """Refuse new values more than :data:`MAX_STANDARDIZED` training sds from the training
-        mean (the standardized scale; without standardization the value itself), column by column
-        (no n x p copy): the variance of their scores, a sum of squares, would overflow."""
+        mean (the standardized scale; without standardization the value itself), by blocks of
+        columns of at most :data:`MATRIX_BLOCK_BYTES` (no n x p copy): the variance of their
+        scores, a sum of squares, would overflow."""
         if not len(X):
             return
+        width = max(1, MATRIX_BLOCK_BYTES // (8 * len(X)))
         with np.errstate(over="ignore", invalid="ignore"):
-            for j, name in enumerate(self.column_names):
-                if name == "Intercept":
-                    continue
-                far = np.abs(X[:, j] - self.center[j]) > MAX_STANDARDIZED * self.scale[j]
+            for start in range(0, X.shape[1], width):
+                cols = slice(start, start + width)
+                far = np.abs(X[:, cols] - self.center[cols]) > MAX_STANDARDIZED * self.scale[cols]
                 if far.any():
-                    rows = np.flatnonzero(far)
-                    where = (f"training sds ({self.scale[j]:.3g}) from the training mean ({self.center[j]:.3g})"
-                             if self.standardize else "in absolute value")
-                    raise InputError(
-                        f"newdata gives design column {name!r} value(s) such as {X[rows[0], j]:.3g} (in "
-                        f"{rows.size} row(s), the first at position {rows[0]}), more than {MAX_STANDARDIZED:.0e} "
-                        f"{where}: the variance of the model's score there overflows float64, so its "
-                        "predictions would be meaningless; check the column's units, or drop those rows "
-                        "(or set them to NaN).")
+                    self._refuse_extrapolation(X, start + int(np.flatnonzero(far.any(axis=0))[0]))
+
+    def _refuse_extrapolation(self, X, j):
+        """Raise the InputError of :meth:`_check_extrapolation` for column ``j`` of ``X``."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            rows = np.flatnonzero(np.abs(X[:, j] - self.center[j]) > MAX_STANDARDIZED * self.scale[j])
+        where = (f"training sds ({self.scale[j]:.3g}) from the training mean ({self.center[j]:.3g})"
+                 if self.standardize else "in absolute value")
+        raise InputError(
+            f"newdata gives design column {self.column_names[j]!r} value(s) such as {X[rows[0], j]:.3g} (in "
+            f"{rows.size} row(s), the first at position {rows[0]}), more than {MAX_STANDARDIZED:.0e} "
+            f"{where}: the variance of the model's score there overflows float64, so its "
+            "predictions would be meaningless; check the column's units, or drop those rows "
+            "(or set them to NaN).")
 
     def incomplete_rows(self, newdata: pd.DataFrame, *, imputable: bool = False) -> np.ndarray:
         """Which rows of ``newdata`` miss a value the model needs: in any column the formula uses
         besides the response (grouping columns included). With ``imputable`` (fits with
         ``missing="impute"``) missing values of numeric fixed-effect columns do not count."""
-        fixed = set(self.fixed_vars or ())
-        columns = [c for c in self.raw.columns if c != self.response and c in newdata.columns
-                   and not (imputable and c in fixed and pd.api.types.is_numeric_dtype(self.raw[c]))]
+        imputed = set(_columns_where(self.raw, self.fixed_vars or (), pd.api.types.is_numeric_dtype)
+                      if imputable else ())
+        columns = [c for c in self.raw.columns.tolist() if c != self.response and c in newdata.columns
+                   and c not in imputed]
         return _missing_mask(newdata, columns)
 
     def new_random_effects(self, newdata, new_levels="zero") -> list:
@@ -589,17 +609,29 @@ class PlainSpec:
         return (["Intercept"] if self.intercept else []) + list(self.columns)
 
     def matrix(self, data: pd.DataFrame) -> np.ndarray:
-        """The model matrix, Fortran-ordered, filled column by column (no whole-frame copy)."""
+        """The model matrix, Fortran-ordered, filled by blocks of columns of at most
+        :data:`MATRIX_BLOCK_BYTES` (no whole-frame copy)."""
         k = int(self.intercept)
         X = np.empty((len(data), k + len(self.columns)), order="F")
         if k:
             X[:, 0] = 1.0
-        try:
-            for j, c in enumerate(self.columns):
-                X[:, k + j] = data[c].to_numpy(dtype=float, na_value=np.nan)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"predictor columns {self.columns} must be numeric ({exc}).") from None
+        width = max(1, MATRIX_BLOCK_BYTES // (8 * max(len(data), 1)))
+        for j in range(0, len(self.columns), width):
+            block = self.columns[j:j + width]
+            try:
+                X[:, k + j:k + j + len(block)] = _take_columns(data, block).to_numpy(dtype=float, na_value=np.nan)
+            except (TypeError, ValueError):
+                self._refuse(data, block)
         return X
+
+    def _refuse(self, data: pd.DataFrame, block) -> None:
+        """Raise an InputError naming why the first column of ``block`` that is not numeric is not."""
+        for c in block:
+            try:
+                data[c].to_numpy(dtype=float, na_value=np.nan)
+            except (TypeError, ValueError) as exc:
+                raise InputError(f"predictor columns {self.columns} must be numeric ({exc}).") from None
+        raise InputError(f"predictor columns {self.columns} must be numeric.")
 
     def get_model_matrix(self, data, na_action=None):
         return self.matrix(data)
@@ -614,8 +646,7 @@ def _plain_numeric_columns(rhs: str, raw: pd.DataFrame):
     cols = [t.strip().strip("`") for t in body.split("+")]
     if len(set(cols)) != len(cols) or any(c not in raw.columns for c in cols):
         return None
-    dtypes = raw.dtypes  # (not raw[c]: pandas deep-copies attrs on every column access)
-    if any(not pd.api.types.is_numeric_dtype(dtypes[c]) or pd.api.types.is_bool_dtype(dtypes[c]) for c in cols):
+    if _columns_where(raw, cols, lambda dt: not pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt)):
         return None
     return cols, not (lead == "0" or drop is not None)
 
@@ -628,30 +659,53 @@ def categorical_calls(formula: str) -> list:
 def _select_columns(data: pd.DataFrame, columns) -> pd.DataFrame:
     """The ``columns`` of ``data``, in that order, independent of ``data`` from here on.
 
-    With copy-on-write (pandas >= 3, or enabled in pandas 2) a frame of the column Series, not
-    consolidated, shares their memory until either side is modified, when pandas copies what
-    changes: so the design's model matrix is the only n x p copy of the data (``data[columns]``
-    copies a consolidated block when it reorders its columns). Without copy-on-write the columns
-    are copied."""
+    With copy-on-write (pandas >= 3, or enabled in pandas 2) the selection shares the data's
+    memory until either side is modified, when pandas copies what changes: so the design's model
+    matrix is the only n x p copy of the data. Columns in the data's order are taken at once
+    (views of its blocks); in another order the frame is made of the column Series, not
+    consolidated (``data[columns]`` copies a consolidated block to reorder its columns). Without
+    copy-on-write the columns are copied."""
     cow = int(pd.__version__.split(".")[0]) >= 3 or pd.get_option("mode.copy_on_write") is True
-    if cow and data.columns.is_unique:
+    if cow and data.columns.is_unique and not all(np.diff([data.columns.get_loc(c) for c in columns]) > 0):
         return pd.DataFrame({c: data[c] for c in columns}, copy=False)
-    return data[columns]
+    return _take_columns(data, columns)
+
+
+def _take_columns(frame: pd.DataFrame, columns) -> pd.DataFrame:
+    """``frame[list(columns)]``, the columns looked up one by one in the frame's own index when
+    they are unique (an index built of the names, as ``frame[list]`` does, costs far more)."""
+    if not frame.columns.is_unique:
+        return frame[list(columns)]
+    return frame.take([frame.columns.get_loc(c) for c in columns], axis=1)
+
+
+def without_attrs(data: pd.DataFrame) -> pd.DataFrame:
+    """``data``, or a shallow copy of it without its ``attrs`` if it has any (pandas deep-copies a
+    frame's ``attrs`` into every frame or column taken from it); ``data`` itself is untouched and
+    the copy shares its columns."""
+    return pd.DataFrame(data, copy=False) if data.attrs else data
+
+
+def _columns_where(frame: pd.DataFrame, columns, test) -> list:
+    """The ``columns`` of ``frame`` (each a name it has once) whose dtype passes ``test``, which is
+    called once per distinct dtype object (not per column)."""
+    dtypes = dict(zip(frame.columns.tolist(), frame.dtypes.tolist()))  # (not an iteration of the index)
+    passed = {id(dt): bool(test(dt)) for dt in {id(dt): dt for dt in map(dtypes.get, columns)}.values()}
+    return [c for c in columns if passed[id(dtypes[c])]]
 
 
 def _check_column_types(frame: pd.DataFrame, columns, name: str = "data") -> None:
     """Dates, durations and complex numbers are not predictors as they stand: say which columns
     and how to convert them."""
-    dtypes = frame.dtypes
-    bad = [c for c in columns if pd.api.types.is_datetime64_any_dtype(dtypes[c])
-           or pd.api.types.is_timedelta64_dtype(dtypes[c]) or isinstance(dtypes[c], pd.PeriodDtype)]
+    bad = _columns_where(frame, columns, lambda dt: pd.api.types.is_datetime64_any_dtype(dt)
+                         or pd.api.types.is_timedelta64_dtype(dt) or isinstance(dt, pd.PeriodDtype))
     if bad:
         raise InputTypeError(
             f"column(s) {bad} hold dates or durations, which are not numeric predictors; convert them "
             f"first, e.g. data[{bad[0]!r}] = (data[{bad[0]!r}] - data[{bad[0]!r}].min()).dt.days (days "
             "since the first date), or extract a part such as .dt.year.")
     # complex numbers: numpy's cast to float would drop the imaginary part (with a mere warning)
-    bad = [c for c in columns if pd.api.types.is_complex_dtype(dtypes[c])]
+    bad = _columns_where(frame, columns, pd.api.types.is_complex_dtype)
     if bad:
         raise InputTypeError(
             f"{name} column(s) {bad} hold complex numbers; the model's predictors are real, and casting "
@@ -680,9 +734,10 @@ def _check_factor_sizes(raw: pd.DataFrame, columns, formula: str) -> None:
     builds them: such a design is slow to build and very slow to fit (see
     :data:`MAX_FACTOR_LEVELS`), and a random intercept models the factor at a fraction of the cost."""
     categorical = set(categorical_calls(formula))
-    dtypes = raw.dtypes
+    numeric = set(_columns_where(raw, columns, lambda dt: pd.api.types.is_numeric_dtype(dt)
+                                 or pd.api.types.is_bool_dtype(dt)))
     for c in columns:
-        if c not in categorical and (pd.api.types.is_numeric_dtype(dtypes[c]) or pd.api.types.is_bool_dtype(dtypes[c])):
+        if c not in categorical and c in numeric:
             continue
         k = int(raw[c].nunique(dropna=True))
         size = len(raw) * max(k - 1, 0) * 8
@@ -710,14 +765,11 @@ def numbers_as_text(design: Design, min_levels: int = 10) -> list:
     list of tuple
         ``(column, values that parse, values, up to 3 that do not, distinct values)`` per column.
     """
-    dtypes = design.raw.dtypes
     explicit = set(categorical_calls(design.formula))
     out = []
-    for c in design.fixed_vars or ():
-        dtype = dtypes[c]
-        if pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype) \
-                or isinstance(dtype, pd.CategoricalDtype) or not pd.api.types.is_string_dtype(dtype):
-            continue
+    for c in _columns_where(design.raw, design.fixed_vars or (), lambda dt: not (
+            pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt)
+            or isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_string_dtype(dt))):
         values = design.raw[c].dropna()
         numbers = pd.to_numeric(values, errors="coerce")
         parsed, total, levels = int(numbers.notna().sum()), len(values), int(values.nunique())
@@ -728,9 +780,13 @@ def numbers_as_text(design: Design, min_levels: int = 10) -> list:
 
 
 def _missing_mask(data: pd.DataFrame, columns) -> np.ndarray:
+    """Which rows of ``data`` miss a value in any of ``columns``; from the missing values of the
+    whole frame when ``columns`` are at least half of it (cheaper than a frame of them)."""
     if not columns:
         return np.zeros(len(data), dtype=bool)
-    return data[list(columns)].isna().to_numpy().any(axis=1)
+    if data.columns.is_unique and 2 * len(columns) >= data.shape[1]:
+        return data.isna().to_numpy()[:, [data.columns.get_loc(c) for c in columns]].any(axis=1)
+    return _take_columns(data, columns).isna().to_numpy().any(axis=1)
 
 
 def _code_response(values: pd.Series, name: str):
@@ -800,12 +856,12 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     -------
     Design
     """
-    data = check_frame(data, "data")
+    data = without_attrs(check_frame(data, "data"))
     if missing not in MISSING_ACTIONS:
         raise InputError(f"missing must be one of {MISSING_ACTIONS}, got {missing!r}.")
     if len(data) == 0:
         raise InputError("data has no rows; pass a non-empty DataFrame.")
-    response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns)
+    response, fixed, re_terms, groups, columns = formula_columns(formula, data.columns.tolist())
     _check_r_calls(formula, columns)
     rhs_formula = _expand_dot(fixed, columns, response, groups)
     if not data.columns.is_unique:  # before anything looks a column up by its name
@@ -817,7 +873,6 @@ def build_design(formula: str, data, *, standardize: bool = True, missing: str =
     used = [response] + [v for v in needed_vars if v != response] + groups
     used = list(dict.fromkeys(used))
     raw = _select_columns(data, used)
-    raw.attrs = {}  # pandas deep-copies attrs on every column access; formulaic makes many
     _check_column_types(raw, [v for v in needed_vars if v != response])
     _check_factor_sizes(raw, fixed_vars, rhs_formula)
     predictor_cols = [v for v in needed_vars if v != response]
@@ -984,28 +1039,52 @@ def _standardized(X: np.ndarray, names, mask: np.ndarray, has_intercept: bool, s
     """``(X, center, scale)``: ``X`` in Fortran order, centred and scaled in place (centres and
     scales ``0`` and ``1`` without ``standardize``, centres ``0`` without an intercept; the
     observed entries of a column give its mean and sd). Raises an InputError for a constant column."""
+    X = np.asfortranarray(X)  # in place from here: the design is the one n x p copy of the data
+    mean, sd = _column_moments(X, mask)
     center = np.zeros(X.shape[1])
     scale = np.ones(X.shape[1])
     for j, name in enumerate(names):
         if name == "Intercept":
             continue
-        col = X[~mask[:, j], j]
-        top = np.abs(col).max() if col.size else 0.0
-        unit = col / top if top > 0 else col  # no overflow in the squares of values near 1e300
-        sd = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
-        if not sd > 0:
+        if not sd[j] > 0:
+            col = X[~mask[:, j], j]
             raise InputError(
                 f"design column {name!r} is constant ({col[0] if col.size else 'empty'}); it "
                 "carries no information and is not identified with an intercept: remove it "
                 "from the formula."
             )
         if standardize:
-            center[j] = top * unit.mean() if has_intercept else 0.0
-            scale[j] = sd
-    X = np.asfortranarray(X)  # in place from here: the design is the one n x p copy of the data
+            center[j] = mean[j] if has_intercept else 0.0
+            scale[j] = sd[j]
     X -= center
     X /= scale
     return X, center, scale
+
+
+def _column_moments(X: np.ndarray, mask: np.ndarray):
+    """Mean and sd (``ddof=1``; 0 for fewer than two entries) of the observed entries of each
+    column of the Fortran-ordered ``X``, computed on the column divided by its largest absolute
+    value, so that the squares of values near 1e300 do not overflow. Without a missing entry the
+    columns are taken by blocks of at most :data:`MATRIX_BLOCK_BYTES` (each column's sums the
+    same as on its own: numpy reduces along the contiguous axis pairwise, column by column)."""
+    n, p = X.shape
+    mean, sd = np.zeros(p), np.zeros(p)
+    if mask.any() or n < 2:
+        for j in range(p):
+            col = X[~mask[:, j], j]
+            top = np.abs(col).max() if col.size else 0.0
+            unit = col / top if top > 0 else col
+            mean[j] = top * unit.mean() if col.size else 0.0
+            sd[j] = top * unit.std(ddof=1) if col.size > 1 and top > 0 else 0.0
+        return mean, sd
+    width = max(1, MATRIX_BLOCK_BYTES // (8 * n))
+    for j in range(0, p, width):
+        block = X[:, j:j + width]
+        top = np.abs(block).max(axis=0)
+        unit = block / np.where(top > 0, top, 1.0)
+        mean[j:j + width] = top * unit.mean(axis=0)
+        sd[j:j + width] = np.where(top > 0, top * unit.std(axis=0, ddof=1), 0.0)
+    return mean, sd
 
 
 def _formulaic_design(rhs: str, raw: pd.DataFrame, what: str):

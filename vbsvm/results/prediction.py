@@ -79,6 +79,18 @@ class PredictionMixin:
             sd = np.sqrt(np.nan_to_num(sd) ** 2 + self.new_level_variance(rows))
         return fill_rows(pd.DataFrame({"mean": mean, "sd": sd}, index=rows.index), newdata, keep, na_action)
 
+    def training_score(self, rows: slice = slice(None)):
+        """Mean and sd of the score of the training rows ``rows`` (a slice of ``design.raw``): the
+        numbers of ``predict_score(design.raw.iloc[rows], new_levels="zero")``, without its frame.
+        Every training row has the values the model needs (rows missing any were dropped, imputed
+        or refused when the design was built), so none is set aside.
+
+        Returns
+        -------
+        mean, sd : numpy.ndarray
+        """
+        return self._score_moments(*self._new_rows(self.design.raw.iloc[rows], new_levels="zero"))
+
     def _rows_to_predict(self, newdata, na_action):
         """``newdata`` (checked) and the positions of its rows the fit can predict: all of them
         but the rows with a missing value the model cannot fill (those raise for
