@@ -25,7 +25,9 @@ acceptance ratio uses the wall clock. ``vb_engine`` is the method's own time wit
 design and scoring around it (``fit.info["seconds"]``; for ``vb`` the calibrated fit's
 ``seconds_total``: the integration over the penalty, corrections and draws), and for ``vb`` the
 EP runs, grid points and passes over the rows (``vbsvm.inference.ep_sites.DataPasses``) are
-recorded.
+recorded, and whether the training set was linearly separable (``fit.info["separable"]``, the
+share of replicates in the table's ``separable`` column: there the posterior of the penalty's log
+variance rises until EP's edge, and the package warns).
 All BLAS libraries are limited to one thread (threadpoolctl) so that the timings do not depend on
 what else runs on the machine: with two threads on a busy 2-core machine a VB sweep was measured
 100x slower (threads spinning against each other).
@@ -52,7 +54,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-import vbsvm  # noqa: E402
+import vbsvm
 from vbsvm.exceptions import ConvergenceWarning, DiagnosticWarning
 
 NS = (100, 200, 500)
@@ -77,7 +79,7 @@ def fit_vb(train, test, method="vb"):
     info = fit.info
     out = {"ber": ber(test["y"], fit.predict(test).to_numpy()), "seconds": sec, "cpu_seconds": cpu,
            "engine_seconds": float(info.get("seconds_total", info["seconds"])), "sweeps": int(info["n_sweeps"]),
-           "converged": bool(info["converged"])}
+           "converged": bool(info["converged"]), "separable": bool(info.get("separable", False))}
     if method == "vb":  # EP runs, grid points and passes over the rows of the calibrated fit
         out.update(ep_runs=int(info["n_ep"]), grid_points=int(info["grid_points"]),
                    data_passes=int(DataPasses.count - passes))
@@ -142,6 +144,7 @@ def run(ns, ds, reps, gibbs, progress=True, meanfield=True):
                     cell[f"{m}_cpu_seconds"] = float(np.mean([x["cpu_seconds"] for x in rr]))
             cell["vb_engine_seconds"] = float(np.mean([x["engine_seconds"] for x in rows["vb"]]))
             cell["vb_sweeps"] = float(np.mean([x["sweeps"] for x in rows["vb"]]))
+            cell["separable_share"] = float(np.mean([x["separable"] for x in rows["vb"]]))
             for key in ("ep_runs", "grid_points", "data_passes"):
                 if key in rows["vb"][0]:
                     cell[f"vb_{key}"] = float(np.mean([x[key] for x in rows["vb"]]))
@@ -173,7 +176,7 @@ def table(cells) -> str:
     has_gibbs = "gibbs_ber" in cells[0]
     has_mf = "meanfield_seconds" in cells[0]
     has_ep = "vb_data_passes" in cells[0]
-    head = ("|   n |   d | BER vb | BER grid | " + ("BER gibbs | " if has_gibbs else "")
+    head = ("|   n |   d | separable | BER vb | BER grid | " + ("BER gibbs | " if has_gibbs else "")
             + "vb s | vb engine s | sweeps | " + ("EP runs | grid points | passes | " if has_ep else "")
             + "grid s | " + ("gibbs s | " if has_gibbs else "") + ("meanfield s | " if has_mf else "")
             + "grid/vb | grid/vb CPU | " + ("grid/meanfield | " if has_mf else "") + "BER vb-grid | pass |")
@@ -181,7 +184,7 @@ def table(cells) -> str:
     for c in cells:
         ok = passes(c)
         lines.append(
-            f"| {c['n']:3d} | {c['d']:3d} | {c['vb_ber']:.4f} | {c['svc_grid_ber']:.4f} | "
+            f"| {c['n']:3d} | {c['d']:3d} | {c.get('separable_share', float('nan')):.0%} | {c['vb_ber']:.4f} | {c['svc_grid_ber']:.4f} | "
             + (f"{c['gibbs_ber']:.4f} | " if has_gibbs else "")
             + f"{c['vb_seconds']:.3f} | {c['vb_engine_seconds']:.3f} | {c['vb_sweeps']:.0f} | "
             + (f"{c['vb_ep_runs']:.1f} | {c['vb_grid_points']:.1f} | {c['vb_data_passes']:.0f} | " if has_ep else "")
