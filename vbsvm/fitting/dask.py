@@ -106,6 +106,7 @@ import numpy as np
 from vbsvm.exceptions import InputError
 from vbsvm.fitting.builders import check_re_prior, random_effects_label
 from vbsvm.inference.dispatch import APPROXIMATIONS
+from vbsvm.inference.ep import fit_calibrated
 from vbsvm.inference.failures import numerical_failures
 from vbsvm.inference.vb import coordinate_ascent
 from vbsvm.models.linear import LinearSVMModel, fixed_effect_precision, meanfield_posterior
@@ -129,6 +130,7 @@ from vbsvm.sources.dask_blocks import (
     task_part,
     task_sweep,
 )
+from vbsvm.sources.dask_ep import DaskEPModel, ScoreGaussian
 from vbsvm.sources.dask_frames import DesignSpec, import_dask, is_dask_frame, learn_design, tree_reduce
 
 __all__ = ["is_dask_frame", "learn_design", "svm_dask", "DaskLinearModel"]
@@ -158,15 +160,9 @@ class DaskLinearModel:
     KEPT_AHEAD = 4
 
     def __init__(self, blocks, design, settings):
-        d, s = design, settings
         self.blocks = blocks
-        # the model without rows: it owns the layout, the priors and the row-free algebra
-        groups = [(np.zeros(0, np.int64), g.n_levels, g.name, np.zeros((0, g.q))) for g in d.groups]
-        self.skeleton = LinearSVMModel(
-            np.zeros((0, d.p)), np.zeros(0), groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
-            A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
-            intercept=d.column_names.index("Intercept") if d.has_intercept else None)
-        self.n = d.n
+        self.skeleton = skeleton_model(design, settings)
+        self.n = design.n
         self.blas_work = 0.0  # the client's products are q-sized
         self.passes = 0
         self._tokens = itertools.count()  # names the sweep posteriors in the blocks' memories
@@ -231,7 +227,21 @@ class DaskLinearModel:
         return math.sqrt(rr), math.sqrt(vv), finite and bool(np.all(np.isfinite(v.glob)))
 
 
+def skeleton_model(design, settings) -> LinearSVMModel:
+    """The model without rows: it owns the layout, the priors and the row-free algebra."""
+    d, s = design, settings
+    groups = [(np.zeros(0, np.int64), g.n_levels, g.name, np.zeros((0, g.q))) for g in d.groups]
+    return LinearSVMModel(
+        np.zeros((0, d.p)), np.zeros(0), groups, fixed_effect_precision(d, s["penalty"], s["sigma2_beta"]),
+        A=s["A_u"], B=s["B_u"], re_df=s.get("re_df"), re_scale=s.get("re_scale"),
+        intercept=d.column_names.index("Intercept") if d.has_intercept else None)
+
+
 # ============================================================================ fit and predict
+def _calibrated(settings) -> bool:
+    return settings["method"] == "vb" and settings.get("approximation") == "calibrated"
+
+
 def _refuse(settings, prior):
     method, approx = settings["method"], settings.get("approximation")
     if prior is not None:
@@ -245,9 +255,6 @@ def _refuse(settings, prior):
             f"data, and this run needs chains x (tune + draws x thin) = {s['chains']} x ({s['tune']} + "
             f"{s['draws']} x {s['thin']}) = {passes} passes (a useful run needs thousands). Use "
             "method='meanfield' (tens of passes), or run Gibbs on a pandas sample of the data.")
-    if method == "vb" and approx == "calibrated":
-        raise InputError("method='vb' (the calibrated EP approximation, the default) is not available for a Dask "
-                         "DataFrame yet; pass method='meanfield' (mean-field VB, map-reduced over the partitions).")
     if method == "map":
         raise InputError("method='map' is not available for a Dask DataFrame yet; use method='meanfield'.")
 
@@ -299,30 +306,65 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
                  for k, s in enumerate(sources)]
         blocks = coalesce_partitions(parts, group, root)
         setup = time.perf_counter() - start
-        model = DaskLinearModel(blocks, design, settings)
-        layout = ThetaLayout.from_model(model.skeleton, design)
-        M = design.to_original(model.skeleton.qd)
-        info = {"model": "Bayesian linear SVM" + random_effects_label(design),
-                "approximation": APPROXIMATIONS["meanfield"], "data": "dask",
-                "partitions": int(data.npartitions), "blocks": len(blocks), "persisted": bool(persist)}
-        with numerical_failures("variational Bayes"):
-            res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
-                                    accelerate=settings["accelerate"])
-        posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
-        info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
-                    seconds_setup=setup, **res.info)
-        fit = DaskFit(design=design, layout=layout, settings=settings, method="vb", posterior=posterior,
-                           info=info)
-        fit.info["prob_calibration"] = list(_probit_calibration(res.q["theta"], blocks))
+        info = {"model": "Bayesian linear SVM" + random_effects_label(design), "data": "dask",
+                "partitions": int(data.npartitions), "blocks": len(blocks), "persisted": bool(persist),
+                "seconds_setup": setup}
+        if _calibrated(settings):
+            fit = _fit_ep(blocks, design, settings, info)
+        else:
+            fit = _fit_meanfield(blocks, design, settings, info)
     finally:
         if root is not None:
             shutil.rmtree(root, ignore_errors=True)
     return fit
 
 
-def _check_groups(design, settings):
+def _fit_meanfield(blocks, design, settings, info) -> DaskFit:
+    """Mean-field VB over the blocks (:class:`DaskLinearModel`) and the probit scale."""
+    model = DaskLinearModel(blocks, design, settings)
+    layout = ThetaLayout.from_model(model.skeleton, design)
+    M = design.to_original(model.skeleton.qd)
+    info["approximation"] = APPROXIMATIONS["meanfield"]
+    with numerical_failures("variational Bayes"):
+        res = coordinate_ascent(model, tol=settings["tol"], max_iter=settings["max_iter"],
+                                accelerate=settings["accelerate"])
+    posterior = meanfield_posterior(res.q, res.elbo, M, model.skeleton)
+    info.update(converged=res.converged, n_sweeps=res.n_sweeps, seconds=res.seconds, passes=model.passes,
+                **res.info)
+    fit = DaskFit(design=design, layout=layout, settings=settings, method="vb", posterior=posterior, info=info)
+    fit.info["prob_calibration"] = list(_probit_calibration(res.q["theta"], blocks))
+    return fit
 
+
+def _fit_ep(blocks, design, settings, info) -> DaskFit:
+    """The calibrated EP fit (:func:`vbsvm.inference.ep.fit_calibrated`) over the blocks
+    (:class:`~vbsvm.sources.dask_ep.DaskEPModel`) and the probit scale of its scores."""
+    skeleton = skeleton_model(design, settings)
+    model = DaskEPModel(skeleton, design.n, blocks)
+    layout = ThetaLayout.from_model(skeleton, design)
+    M = design.to_original(skeleton.qd)
+    with numerical_failures("expectation propagation"):
+        posterior = fit_calibrated(model, settings, M)
+    rows = model.ep_rows
+    info.update(posterior.pop("info"), approximation=APPROXIMATIONS["calibrated"], converged=True,
+                passes=rows.passes, vector_passes=rows.vector_passes)
+    fit = DaskFit(design=design, layout=layout, settings=settings, method="vb", posterior=posterior, info=info)
+    # the scores of the fit's Gaussian q(theta) on the fitted scale: theta_original = M theta
+    qd = skeleton.qd
+    mean = np.linalg.solve(M, posterior["theta_mean"][:qd])
+    cov = np.linalg.solve(M, np.linalg.solve(M, posterior["theta_cov_dense"]).T).T
+    fit.info["prob_calibration"] = list(_probit_calibration(ScoreGaussian(mean, cov), blocks))
+    return fit
+
+
+def _check_groups(design, settings):
     check_re_prior(design, settings, None)
+    if design.groups and _calibrated(settings):
+        terms = ", ".join(f"({g.lhs} | {':'.join(g.factor)})" for g in design.groups)
+        raise InputError(f"method='vb' (the calibrated EP approximation, the default) on a Dask DataFrame covers "
+                         f"fixed effects only for now, and the formula has the random-effect term(s) {terms}; pass "
+                         "method='meanfield' (mean-field VB with random effects, map-reduced over the partitions), "
+                         "or fit a pandas frame.")
 
 
 def _probit_calibration(post, blocks):

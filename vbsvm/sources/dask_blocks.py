@@ -103,6 +103,20 @@ class _Block:
         for k, part in enumerate(self._parts):
             yield slice(self.offsets[k], self.offsets[k + 1]), self._model(part)
 
+    # Named per-row vectors kept until the client drops them (EP's site vectors,
+    # :mod:`vbsvm.sources.dask_ep`): unlike the memory above, they cannot be recomputed.
+    def keep_vector(self, key, values):
+        """Keep the block's per-row ``values`` under the name ``key`` (an int)."""
+        raise NotImplementedError
+
+    def vector(self, key):
+        """The per-row vector kept under ``key``."""
+        raise NotImplementedError
+
+    def drop_vectors(self, keys):
+        """Forget the vectors kept under ``keys`` (absent ones are ignored)."""
+        raise NotImplementedError
+
 
 class _Resident(_Block):
     """A :class:`_Block` in the worker's memory."""
@@ -111,6 +125,7 @@ class _Resident(_Block):
         super().__init__(parts)
         self._values = {}
         self._kept = []  # keys, least recently used first
+        self._vectors = {}
 
     @staticmethod
     def _model(part):
@@ -135,8 +150,19 @@ class _Resident(_Block):
         for old in self._touch(key):
             del self._values[old]
 
+    def keep_vector(self, key, values):
+        self._vectors[key] = values
+
+    def vector(self, key):
+        return self._vectors[key]
+
+    def drop_vectors(self, keys):
+        for key in keys:
+            self._vectors.pop(key, None)
+
     def __sizeof__(self):  # what Dask counts as this block's memory
-        arrays = [a for part in self._parts for a in vars(part).values()] + list(self._values.values())
+        arrays = ([a for part in self._parts for a in vars(part).values()] + list(self._values.values())
+                  + list(self._vectors.values()))
         return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
 
@@ -166,6 +192,20 @@ class _Spilled(_Block):
         except FileNotFoundError:
             return None
         return np.load(name, mmap_mode="r")
+
+    def _vector_file(self, key) -> str:
+        return os.path.join(self.path, f"vector_{int(key)}.npy")
+
+    def keep_vector(self, key, values):
+        np.save(self._vector_file(key), values)
+
+    def vector(self, key):
+        return np.load(self._vector_file(key), mmap_mode="r")
+
+    def drop_vectors(self, keys):
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._vector_file(key))
 
     def remember(self, key, values):
         np.save(self._file(key), values)
