@@ -227,6 +227,11 @@ class DaskLinearModel:
         return math.sqrt(rr), math.sqrt(vv), finite and bool(np.all(np.isfinite(v.glob)))
 
 
+#: per-row site vectors (8 bytes a row each) the blocks of an EP fit hold at most, about: the
+#: sites of SQUAREM's step, of the passes it reads and of the grid points that warm-start others
+EP_VECTORS = 18
+
+
 def skeleton_model(design, settings) -> LinearSVMModel:
     """The model without rows: it owns the layout, the priors and the row-free algebra."""
     d, s = design, settings
@@ -297,6 +302,8 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     spec = DesignSpec(design, settings)
     sources = data[list(design.raw.columns)].to_delayed()
     width = design.p + sum(g.n_levels * g.q for g in design.groups) + 4
+    if _calibrated(settings):  # the site vectors EP keeps with the rows (at most ~18 at a time)
+        width += EP_VECTORS
     if persist == "auto":
         persist = 8.0 * design.n * width < memory_budget()
     root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
