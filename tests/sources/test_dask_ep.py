@@ -9,8 +9,8 @@ import pytest
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
-import vbsvm  # noqa: E402
-from vbsvm.exceptions import InputError  # noqa: E402
+import vbsvm
+from vbsvm.exceptions import InputError
 
 N = 700
 FORMULA = "y ~ x1 + x2 + x3 + x4 + C(sex)"

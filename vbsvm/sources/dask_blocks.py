@@ -154,7 +154,12 @@ class _Resident(_Block):
         self._vectors[key] = values
 
     def vector(self, key):
-        return self._vectors[key]
+        got = self._vectors.get(key)
+        if got is None:
+            raise RuntimeError("a block of the Dask fit lost the per-row vectors it kept (a worker restarted, or "
+                               "the block was copied to another worker); refit, with persist=False if the "
+                               "workers run out of memory.")
+        return got
 
     def drop_vectors(self, keys):
         for key in keys:

@@ -18,7 +18,7 @@ vector refers to it; when the last reference goes (an EP run's sites released, a
 done) the name is sent with the next pass, and every block forgets the vector. The blocks keep
 the vectors in memory, or in files next to their spilled design (:class:`~vbsvm.sources.dask_blocks._Block`).
 
-Passes. A pass is one task per block (pinned to the worker that holds it), whose O(q^2) results
+Passes. A pass is one task per block (on the worker that holds it), whose O(q^2) results
 are summed on the client in the order of the blocks (a function of the partitions and the workers
 only: a refit gives identical numbers). Kinds: the EP sweep (the scores under the broadcast
 Gaussian ``[L^{-1}; mu']``, cavities, tilted moments, new sites, their statistics ``C' W C`` and
@@ -38,7 +38,12 @@ import weakref
 
 import numpy as np
 
-from vbsvm.inference.ep_sites import SiteStatistics, _cavity, _site_terms, tilted_moments
+from vbsvm.inference.ep_sites import (
+    SiteStatistics,
+    _cavity,
+    _site_terms,
+    tilted_moments,
+)
 from vbsvm.models.linear_algebra import row_blocks
 from vbsvm.sources.dask_frames import import_dask
 
@@ -53,7 +58,7 @@ class _Name:
     """The name of a vector kept in the blocks, on the client: when it is no longer referred to,
     the blocks are told to forget the vector (see the module docstring)."""
 
-    __slots__ = ("key", "__weakref__")
+    __slots__ = ("__weakref__", "key")
 
     def __init__(self, key):
         self.key = key
@@ -283,15 +288,20 @@ class DaskSiteRows:
         The blocks (futures with a distributed client, else persisted delayed objects).
     qd : int
         Dense columns of the design.
+    spilled : bool
+        The blocks keep their vectors in files (then a task may run on another worker).
     """
 
-    def __init__(self, blocks, qd):
+    def __init__(self, blocks, qd, spilled=False):
         from vbsvm.sources.dask_blocks import distributed_client
 
         self.blocks, self.qd = blocks, qd
         self.client = distributed_client()
         self.where = None
-        if self.client is not None:  # each block's task runs where the block (and its vectors) is
+        # each block's task runs where the block is: a block in memory keeps its vectors there (a
+        # spilled block's are files that a copy on another worker reads as well)
+        self.pinned = not spilled
+        if self.client is not None:
             held = self.client.who_has(blocks)
             self.where = [sorted(held[b.key])[:1] for b in blocks]
         self._keys = itertools.count()
@@ -310,8 +320,9 @@ class DaskSiteRows:
         else:
             self.vector_passes += 1
         if self.client is not None:
-            futures = [self.client.submit(_tasked, task, b, drop, *args, workers=w, allow_other_workers=False,
-                                          pure=False) for b, w in zip(self.blocks, self.where)]
+            futures = [self.client.submit(_tasked, task, b, drop, *args, workers=w,
+                                          allow_other_workers=not self.pinned, pure=False)
+                       for b, w in zip(self.blocks, self.where)]
             return self.client.gather(futures)
         dask = import_dask()
         return list(dask.compute(*[dask.delayed(_tasked, pure=False)(task, b, drop, *args) for b in self.blocks]))
@@ -426,13 +437,15 @@ class DaskEPModel:
         The model without rows (fixed effects only).
     n : int
     blocks : list
+    spilled : bool
+        Whether the blocks are spilled to files (:class:`DaskSiteRows`).
     """
 
     blas_work = 0.0  # the client's products are q-sized
 
-    def __init__(self, skeleton, n, blocks):
+    def __init__(self, skeleton, n, blocks, spilled=False):
         self.skeleton, self.n = skeleton, int(n)
-        self.ep_rows = DaskSiteRows(blocks, skeleton.qd)
+        self.ep_rows = DaskSiteRows(blocks, skeleton.qd, spilled)
 
     def __getattr__(self, name):
         if name == "skeleton":
