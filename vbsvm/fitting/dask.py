@@ -337,10 +337,8 @@ def svm_dask(formula, data, settings, *, prior=None, persist="auto"):
     spec = DesignSpec(design, settings)
     sources = data[list(design.raw.columns)].to_delayed()
     width = design.p + sum(g.n_levels * g.q for g in design.groups) + 4
-    if _calibrated(settings):  # the site vectors EP keeps with the rows (at most ~18 at a time)
-        width += EP_VECTORS
-    if persist == "auto":
-        persist = 8.0 * design.n * width < memory_budget()
+    if persist == "auto":  # with EP, the site vectors it keeps with the rows (at most ~18 at a time)
+        persist = 8.0 * design.n * (width + EP_VECTORS * _calibrated(settings)) < memory_budget()
     root = None if persist else tempfile.mkdtemp(prefix="vbsvm-dask-", dir=dask.config.get("temporary-directory", None))
     group = max(1, int(BLOCK_BYTES // (8.0 * width * max(design.n / len(sources), 1.0))))
     try:

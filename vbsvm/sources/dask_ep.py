@@ -162,10 +162,22 @@ class _Scratch:
         self.bd += C.T @ r
 
 
-def _store(block, keys, arrays):
-    for key, values in zip(keys, arrays):
-        if key is not None:
-            block.keep_vector(key, values)
+class _Writers:
+    """Writers of the vectors a task keeps (:meth:`~vbsvm.sources.dask_blocks._Block.vector_writer`;
+    None for a key None)."""
+
+    def __init__(self, block, keys):
+        self.writers = [None if key is None else block.vector_writer(key) for key in keys]
+
+    def write(self, rows, values):
+        for w, v in zip(self.writers, values):
+            if w is not None:
+                w.write(rows, v)
+
+    def close(self, keep=True):
+        for w in self.writers:
+            if w is not None:
+                w.close() if keep else w.abort()
 
 
 def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
@@ -175,9 +187,7 @@ def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
     ``new_keys`` and the sites read under ``x_keys`` (None: not kept). Returns ``(A, bd,
     site_sum, quad, change, leverage, ok, new_ok)``."""
     block.drop_vectors(drop)
-    n = block.n
-    out = [np.empty(n), np.empty(n)]
-    kept = [None if key is None else np.empty(n) for key in x_keys]
+    kept = _Writers(block, list(new_keys) + list(x_keys))
     work = _Scratch(qd)
     cache = {}
     site_sum, quad, change, leverage, ok, new_ok = 0.0, 0.0, 0.0, 0.0, True, True
@@ -193,10 +203,7 @@ def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
             break
         den = 1.0 + h * cv
         npb, nsb = -h / den, (g - cm * h) / den
-        out[0][at], out[1][at] = npb, nsb
-        for values, got in zip(kept, (pb, sb)):
-            if values is not None:
-                values[at] = got
+        kept.write(at, (npb, nsb, pb, sb))
         site_sum += _site_terms(log_zi, mf, vf, cm, cv)
         quad += float(sb @ mf)
         leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
@@ -204,25 +211,22 @@ def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
                      float(np.max(np.abs(nsb - sb) / (1.0 + np.abs(sb)), initial=0.0)))
         new_ok = new_ok and bool(np.all(np.isfinite(npb)) and np.all(np.isfinite(nsb)) and np.all(npb >= 0))
         work.add(C, npb, nsb, k)
-    if ok:
-        _store(block, list(new_keys) + list(x_keys), out + kept)
+    kept.close(keep=ok)
     return work.A, work.bd, site_sum, quad, change, leverage, ok, new_ok
 
 
 def task_statistics(block, drop, qd, prec, shift, x_keys):
     """``(A, bd)`` of the sites ``(prec, shift)`` on the block's rows (kept under ``x_keys``)."""
     block.drop_vectors(drop)
-    kept = [None if key is None else np.empty(block.n) for key in x_keys]
+    kept = _Writers(block, x_keys)
     work = _Scratch(qd)
     cache = {}
     for at, part, sub in _chunks(block, qd + 1):
         y, C = part.y[sub], part.Cd[sub]
         pb, sb = _evaluate(prec, block, at, y, cache), _evaluate(shift, block, at, y, cache)
-        for values, got in zip(kept, (pb, sb)):
-            if values is not None:
-                values[at] = got
+        kept.write(at, (pb, sb))
         work.add(C, pb, sb, y.size)
-    _store(block, x_keys, kept)
+    kept.close()
     return work.A, work.bd
 
 
