@@ -16,7 +16,8 @@ when they were a combination, whose expression then becomes that name: expressio
 beyond a combination of a few named vectors. The client holds a name (:class:`_Name`) as long as a
 vector refers to it; when the last reference goes (an EP run's sites released, a SQUAREM step
 done) the name is sent with the next pass, and every block forgets the vector. The blocks keep
-the vectors in memory, or in files next to their spilled design (:class:`~vbsvm.sources.dask_blocks._Block`).
+the vectors in memory, or in raw files next to their spilled design, written and read by row
+chunks (:class:`~vbsvm.sources.dask_blocks._Block`): a task's memory is its chunk's, not its block's.
 
 Passes. A pass is one task per block (on the worker that holds it), whose O(q^2) results
 are summed on the client in the order of the blocks (a function of the partitions and the workers
