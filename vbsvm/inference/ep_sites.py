@@ -46,8 +46,10 @@ __all__ = [
     "SiteStatistics",
     "SiteRows",
     "Sites",
+    "cavity",
     "expectation_propagation",
     "site_rows",
+    "site_terms",
     "site_statistics",
     "tilted_log_normalizer",
     "tilted_moments",
@@ -246,7 +248,7 @@ class SiteRows:
         for b, rows in enumerate(_plan(model).blocks):
             mf, vf = (whole[0][rows], whole[1][rows]) if whole is not None else _block_scores(post, model, b, rows)
             pb, sb = x.prec[rows], x.shift[rows]
-            cv, cm = _cavity(mf, vf, pb, sb)
+            cv, cm = cavity(mf, vf, pb, sb)
             log_zi, g, h = tilted_moments(y[rows], cm, cv)
             if not (np.all(vf > 0) and np.all(np.isfinite(log_zi))):
                 ok = False
@@ -254,7 +256,7 @@ class SiteRows:
             den = 1.0 + h * cv
             npb, nsb = -h / den, (g - cm * h) / den
             new_prec[rows], new_shift[rows] = npb, nsb
-            site_sum += _site_terms(log_zi, mf, vf, cm, cv)
+            site_sum += site_terms(log_zi, mf, vf, cm, cv)
             quad += float(sb @ mf)
             leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
             change = max(change, float(np.max(np.abs(npb - pb) / (1.0 + np.abs(pb)), initial=0.0)),
@@ -341,14 +343,16 @@ class Sites:
         return Sites(prec, shift, stats)
 
 
-def _cavity(m, v, prec, shift):
+def cavity(m, v, prec, shift):
     """Variance and mean of the cavities ``N(m, v) / site``."""
     cav_prec = np.maximum(1.0 / v - prec, 1e-12 / v)
     cv = 1.0 / cav_prec
     return cv, cv * (m / v - shift)
 
 
-def _site_terms(log_zi, m, v, cm, cv):
+def site_terms(log_zi, m, v, cm, cv):
+    """``sum_i log C_i`` of sites with tilted normalizers ``log_zi``, marginals ``N(m, v)`` and
+    cavities ``N(cm, cv)`` (the sites' part of :meth:`EPPass.log_z`)."""
     return float(np.sum(log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)))
 
 
@@ -409,7 +413,7 @@ class EPPass:
         self.site_sum, self.quad = site_sum, quad
         if prior is not None:
             self.pm, self.pv = post.mean[prior.index], post.diag_cov()[prior.index]
-            self.pcv, self.pcm = _cavity(self.pm, self.pv, x.prec[n:], x.shift[n:])
+            self.pcv, self.pcm = cavity(self.pm, self.pv, x.prec[n:], x.shift[n:])
             self.tilted = prior.tilted(self.pcm, self.pcv)
             p_prec, p_shift = prior.site(self.pcm, self.pcv, self.tilted)
             change = max(change, float(np.max(np.abs(p_prec - x.prec[n:]) / (1.0 + np.abs(x.prec[n:])), initial=0.0)),
@@ -473,7 +477,7 @@ class EPPass:
         quad, sites = self.quad, self.site_sum
         if self.prior is not None:
             quad += float(self.shift[n:] @ self.pm)
-            sites += _site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
+            sites += site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
         return float(0.5 * self.log_det_prior() + 0.5 * post.logdet_cov() + 0.5 * quad + sites)
 
     def log_det_prior(self) -> float:

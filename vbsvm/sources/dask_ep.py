@@ -41,8 +41,8 @@ import numpy as np
 
 from vbsvm.inference.ep_sites import (
     SiteStatistics,
-    _cavity,
-    _site_terms,
+    cavity,
+    site_terms,
     tilted_moments,
 )
 from vbsvm.models.linear_algebra import row_blocks
@@ -197,7 +197,7 @@ def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
         k = y.size
         pb, sb = _evaluate(prec, block, at, y, cache), _evaluate(shift, block, at, y, cache)
         mf, vf = work.scores(loadings, C, k)
-        cv, cm = _cavity(mf, vf, pb, sb)
+        cv, cm = cavity(mf, vf, pb, sb)
         log_zi, g, h = tilted_moments(y, cm, cv)
         if not (np.all(vf > 0) and np.all(np.isfinite(log_zi))):
             ok = False
@@ -205,7 +205,7 @@ def task_ep_sweep(block, drop, qd, loadings, prec, shift, x_keys, new_keys):
         den = 1.0 + h * cv
         npb, nsb = -h / den, (g - cm * h) / den
         kept.write(at, (npb, nsb, pb, sb))
-        site_sum += _site_terms(log_zi, mf, vf, cm, cv)
+        site_sum += site_terms(log_zi, mf, vf, cm, cv)
         quad += float(sb @ mf)
         leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
         change = max(change, float(np.max(np.abs(npb - pb) / (1.0 + np.abs(pb)), initial=0.0)),
