@@ -23,6 +23,16 @@ would pause a worker with a small limit while its data are on disk anyway, so ``
 A linear cost model of the time per pass, ``t = a + b n / W``, fitted to the spilled runs,
 projects a fit of 1e9 rows on 32 workers. Results: ``benchmarks/results/dask_scale.{json,md}``.
 
+``--method vb``: the default method (calibrated EP over the penalty's variance) instead of the
+mean-field fit, results in ``benchmarks/results/dask_scale_vb.{json,md}``. The per-row cost is a
+worker's CPU time per row and pass that reads the design (EP sweeps, statistics; the CPU of the
+passes that read only site vectors is counted in it too), against the in-memory EP pass: the
+CPU time of ``EPPass`` on the in-memory model (best of three, default sites) and the in-memory
+fit's CPU time per pass (``DataPasses``) and row. With a small memory limit, run it with
+``ARROW_DEFAULT_MEMORY_POOL=system`` (the workers inherit it): pyarrow's default pool (mimalloc)
+keeps what the set-up's Parquet reads freed, and the workers then start the passes close to the
+nanny's limit.
+
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/dask_scale.py --rows 1e6 3e6 1.5e7 --workers 2 \
@@ -104,7 +114,7 @@ def measure_blas(path: Path, max_rows: int) -> dict:
             "cpu_ns_per_row": 1e9 * min(cpu) / len(df), "load": [load0, load()]}
 
 
-def measure_inmem(path: Path) -> dict:
+def measure_inmem(path: Path, method="meanfield") -> dict:
     import pandas as pd
 
     import vbsvm
@@ -113,6 +123,8 @@ def measure_inmem(path: Path) -> dict:
     t0 = time.perf_counter()
     df = pd.read_parquet(path)
     t_read = time.perf_counter() - t0
+    if method == "vb":
+        return _measure_inmem_ep(df, t_read, load0)
     t0, c0 = time.perf_counter(), time.process_time()
     fit = vbsvm.svm(FORMULA, df, method="meanfield")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -122,7 +134,35 @@ def measure_inmem(path: Path) -> dict:
             "load": [load0, load()], "coef": fit.coef["mean"].tolist(), "sd": fit.coef["sd"].tolist()}
 
 
-def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_pause: bool, max_sweeps: int) -> dict:
+def _measure_inmem_ep(df, t_read, load0) -> dict:
+    """The in-memory default fit, and the CPU time of one in-memory EP pass (best of three)."""
+    import vbsvm
+    from vbsvm.inference import ep_sites
+    from vbsvm.models.linear import LinearSVMModel
+
+    passes0 = ep_sites.DataPasses.count
+    t0, c0 = time.perf_counter(), time.process_time()
+    fit = vbsvm.svm(FORMULA, df, seed=1)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    passes = ep_sites.DataPasses.count - passes0
+    model = LinearSVMModel.from_design(fit.design, fit.settings)
+    problem = ep_sites._Problem(model, model.prior_precision(np.ones(len(model.variance_components))))
+    x = problem.with_statistics(ep_sites.Sites(*problem.rows.default_sites()))
+    times = []
+    for _ in range(3):
+        c = time.process_time()
+        ep_sites.EPPass(problem, x)
+        times.append(time.process_time() - c)
+    n = fit.n_obs
+    return {"kind": "inmem", "rows": n, "read_seconds": t_read, "wall_seconds": wall, "cpu_fraction": cpu / wall,
+            "ep_runs": fit.info["n_ep"], "sweeps": fit.info["n_sweeps"], "passes": passes,
+            "fit_cpu_ns_per_row_pass": 1e9 * cpu / (passes * n), "ep_pass_cpu_ns_per_row": 1e9 * min(times) / n,
+            "client_peak_mb": peak_rss_mb(), "load": [load0, load()], "coef": fit.coef["mean"].tolist(),
+            "sd": fit.coef["sd"].tolist()}
+
+
+def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_pause: bool, max_sweeps: int,
+                 method: str = "meanfield") -> dict:
     import dask
     import dask.dataframe as dd
     import psutil
@@ -162,12 +202,17 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", vbsvm.exceptions.ConvergenceWarning)  # with --max-sweeps
-            fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist, max_iter=max_sweeps)
+            if method == "vb":
+                fit = vbsvm.svm(FORMULA, data, persist=persist, seed=1)
+            else:
+                fit = vbsvm.svm(FORMULA, data, method="meanfield", persist=persist, max_iter=max_sweeps)
         wall = time.perf_counter() - t0
         stop.set()
         thread.join()
         limit = sum(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     info = fit.info
+    if method == "vb":
+        return _dask_ep_result(fit, info, cpu_trace, t0, wall, persist, workers, limit, peak, no_pause, load0)
     # CPU seconds of the VB sweeps (the polls nearest the start of the sweeps and the end of the fit)
     trace = np.array(cpu_trace)
     t_vb = t0 + info["seconds_setup"]
@@ -186,6 +231,79 @@ def measure_dask(path: Path, workers: int, memory_limit: str, persist: bool, no_
             "converged": bool(info["converged"]), "no_pause": no_pause, "load": [load0, load()],
             "coef": fit.coef["mean"].tolist(),
             "sd": fit.coef["sd"].tolist()}
+
+
+def _dask_ep_result(fit, info, cpu_trace, t0, wall, persist, workers, limit, peak, no_pause, load0) -> dict:
+    """The measurements of a Dask default (EP) fit: the CPU of the EP part (integration,
+    moments, corrections) from the polls nearest its start and end."""
+    trace = np.array(cpu_trace)
+    t_ep = t0 + info["seconds_setup"]
+    k0 = int(np.argmin(np.abs(trace[:, 0] - t_ep)))
+    k1 = int(np.argmin(np.abs(trace[:, 0] - (t_ep + info["seconds_total"]))))
+    span = trace[k1, 0] - trace[k0, 0]
+    scale = info["seconds_total"] / span if span > 0 else float("nan")
+    cpu_workers, cpu_client = (trace[k1, 1] - trace[k0, 1]) * scale, (trace[k1, 2] - trace[k0, 2]) * scale
+    return {"kind": "dask persisted" if persist else "dask spilled", "rows": fit.n_obs, "workers": workers,
+            "partitions": info["partitions"], "memory_limit_total_mb": limit / 2 ** 20,
+            "data_mb": fit.n_obs * (P * 8 + 1) / 2 ** 20, "wall_seconds": wall, "ep_seconds": info["seconds_total"],
+            "setup_seconds": info["seconds_setup"], "ep_runs": info["n_ep"], "sweeps": info["n_sweeps"],
+            "passes": info["passes"], "vector_passes": info["vector_passes"], "blocks": info["blocks"],
+            "pass_seconds": info["seconds_total"] / info["passes"],
+            "cpu_seconds_workers": cpu_workers, "cpu_seconds_client": cpu_client,
+            "worker_cpu_ns_per_row_pass": 1e9 * cpu_workers / (info["passes"] * fit.n_obs),
+            "client_peak_mb": peak_rss_mb(), "worker_idle_mb": peak["idle_mb"], "worker_peak_mb": peak["worker_mb"],
+            "no_pause": no_pause, "load": [load0, load()], "coef": fit.coef["mean"].tolist(),
+            "sd": fit.coef["sd"].tolist()}
+
+
+def write_report_vb(results, out_dir: Path, args):
+    """``dask_scale_vb.{json,md}``: the default method's runs."""
+    inmem = {r["rows"]: r for r in results if r["kind"] == "inmem"}
+    ep_ns = [r["ep_pass_cpu_ns_per_row"] for r in inmem.values()]
+    ref_ns = min(ep_ns) if ep_ns else float("nan")
+    summary = {"formula": FORMULA, "method": "vb", "machine_cores": os.cpu_count(), "args": vars(args),
+               "runs": results, "inmem_ep_pass_cpu_ns_per_row": ref_ns}
+    (out_dir / "dask_scale_vb.json").write_text(json.dumps(summary, indent=1, default=str))
+    lines = ["# Dask scaling of the default fit (calibrated EP over the penalty's variance)", "",
+             f"Formula `{FORMULA}` (20 predictors, `penalty='auto'`), Parquet on disk ({args.part_rows:,} rows per "
+             f"file), LocalCluster of {args.workers} worker processes x 1 thread, memory limit {args.memory_limit} per "
+             f"worker ({args.persist_memory_limit} for the persisted fits)"
+             f"{', target/spill/pause off, terminate at 95%' if args.no_pause else ''}; one BLAS thread everywhere; "
+             f"machine: {os.cpu_count()} cores shared with other jobs (load average before/after each run in the last "
+             "column). *spilled*: `persist=False` (designs and site vectors in files, memory-mapped by each pass); "
+             "*persisted*: `persist=True`. *passes*: passes that read the design (EP sweeps, statistics of warm "
+             "starts, the marginal corrections) / passes that read site vectors only (SQUAREM's norms, proposal "
+             "checks, warm-start scaling). *worker CPU ns / row / pass*: the workers' CPU seconds during the EP part "
+             "of the fit (polled every 0.5 s; all passes) over design passes x rows. *x in-memory*: divided by the "
+             f"CPU time a row of one in-memory `EPPass` ({ref_ns:.0f} ns, best of three, smallest over the sizes). "
+             "In-memory fit: the same rows in pandas, `vbsvm.svm(formula, df)`, its CPU time per pass and row "
+             "in the same column. Each measurement in its own process.", "",
+             "| rows | data MB | workers' limit MB | fit | wall s | set-up s | EP runs | sweeps | passes | blocks "
+             "| s / pass | worker CPU ns / row / pass | x in-memory EP pass | client peak MB | worker idle / peak MB "
+             "| coef vs in-memory | load |",
+             "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        ref = inmem.get(r["rows"])
+        load_ = f"{r['load'][0]:.1f} / {r['load'][1]:.1f}"
+        if r["kind"] == "inmem":
+            lines.append(f"| {r['rows']:,} | {r['rows'] * (P * 8 + 1) / 2 ** 20:,.0f} | | in memory | "
+                         f"{r['wall_seconds']:.1f} | | {r['ep_runs']} | {r['sweeps']} | {r['passes']} | | "
+                         f"{r['wall_seconds'] / r['passes']:.3f} | {r['fit_cpu_ns_per_row_pass']:.0f} (EPPass "
+                         f"{r['ep_pass_cpu_ns_per_row']:.0f}) | {r['fit_cpu_ns_per_row_pass'] / ref_ns:.1f} | "
+                         f"{r['client_peak_mb']:.0f} | | | {load_} |")
+            continue
+        diff = ""
+        if ref is not None:
+            c, c0 = np.array(r["coef"]), np.array(ref["coef"])
+            diff = f"{np.max(np.abs(c - c0) / np.abs(c0)):.1e}"
+        ns = r["worker_cpu_ns_per_row_pass"]
+        lines.append(f"| {r['rows']:,} | {r['data_mb']:,.0f} | {r['memory_limit_total_mb']:,.0f} | {r['kind']} "
+                     f"({r['workers']} workers) | {r['wall_seconds']:.1f} | {r['setup_seconds']:.1f} | {r['ep_runs']} "
+                     f"| {r['sweeps']} | {r['passes']} / {r['vector_passes']} | {r['blocks']} | {r['pass_seconds']:.3f} "
+                     f"| {ns:.0f} | {ns / ref_ns:.1f} | {r['client_peak_mb']:.0f} | {r['worker_idle_mb']:.0f} / "
+                     f"{r['worker_peak_mb']:.0f} | {diff} | {load_} |")
+    (out_dir / "dask_scale_vb.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def run_child(args_list) -> dict:
@@ -313,32 +431,36 @@ def main():
     ap.add_argument("--merge", nargs="+", help="write one report from these dask_scale.json files' runs")
     ap.add_argument("--data-dir", default="/tmp/vbsvm_dask_scale")
     ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--method", choices=["meanfield", "vb"], default="meanfield",
+                    help="the fit measured: mean-field VB, or the default calibrated EP (report dask_scale_vb)")
     ap.add_argument("--measure", choices=["inmem", "dask", "blas"], help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--persist", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.measure == "inmem":
-        print(json.dumps(measure_inmem(Path(args.path))))
+        print(json.dumps(measure_inmem(Path(args.path), args.method)))
         return
     if args.measure == "blas":
         print(json.dumps(measure_blas(Path(args.path), int(args.blas_rows))))
         return
     if args.measure == "dask":
         print(json.dumps(measure_dask(Path(args.path), args.workers, args.memory_limit, args.persist, args.no_pause,
-                                      args.max_sweeps)))
+                                      args.max_sweeps, args.method)))
         return
+    report = write_report_vb if args.method == "vb" else write_report
     if args.merge:
         results = [r for f in args.merge for r in json.loads(Path(f).read_text())["runs"]]
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        write_report(sorted(results, key=lambda r: r["rows"]), Path(args.out), args)
+        report(sorted(results, key=lambda r: r["rows"]), Path(args.out), args)
         return
     results = []
     for rows in map(int, args.rows):
         path = Path(args.data_dir) / f"rows_{rows}_per_{args.part_rows}"
         make_parquet(path, rows, args.part_rows)
         common = ["--path", str(path), "--workers", str(args.workers), "--blas-rows", str(args.blas_rows),
-                  "--max-sweeps", str(args.max_sweeps)] + (["--no-pause"] if args.no_pause else [])
-        todo = [["--measure", "blas"], ["--measure", "dask", "--memory-limit", args.memory_limit]]
+                  "--max-sweeps", str(args.max_sweeps), "--method", args.method] + (["--no-pause"] if args.no_pause else [])
+        todo = [] if args.method == "vb" else [["--measure", "blas"]]
+        todo.append(["--measure", "dask", "--memory-limit", args.memory_limit])
         if rows <= args.persist_max:
             todo.append(["--measure", "dask", "--persist", "--memory-limit", args.persist_memory_limit])
         if rows <= args.inmem_max:
@@ -349,7 +471,7 @@ def main():
             results.append(r)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        write_report(results, out, args)  # after every size, so that a long run leaves its results
+        report(results, out, args)  # after every size, so that a long run leaves its results
 
 
 if __name__ == "__main__":

@@ -121,7 +121,7 @@ def test_refusals(client, frame):
     with pytest.raises(InputError, match=r"passes.*meanfield"):
         vbsvm.svm("y ~ x1", data, method="gibbs", draws=500, tune=500, chains=2)
     with pytest.raises(InputError, match="method='meanfield'"):
-        vbsvm.svm("y ~ x1", data)  # the default calibrated VB is never silently replaced
+        vbsvm.svm("y ~ x1 + (1 | site)", data)  # the default calibrated VB: fixed effects only
     with pytest.raises(InputError, match="method='meanfield'"):
         vbsvm.svm("y ~ x1", data, method="map")
     with pytest.raises(InputError, match="missing='drop'"):

@@ -43,9 +43,10 @@ def svm(formula, data, *, method="vb", penalty="auto", prior=None, missing="drop
         R-style formula, e.g. ``"y ~ x1 + C(sex) + (1 | patient_id)"`` or ``"y ~ ."``.
     data : pandas.DataFrame or dask.dataframe.DataFrame
         The data (never modified). A Dask DataFrame (``pip install "vbsvm[dask]"``) is fitted
-        out of core / on a cluster by ``method="meanfield"``, each sweep a map-reduce over its
-        partitions, with the in-memory fit's result (:mod:`vbsvm.fitting.dask`); the other methods,
-        ``prior`` and ``missing="impute"`` are refused there with a message.
+        out of core / on a cluster by ``method="vb"`` (fixed effects) or ``method="meanfield"``,
+        each pass a map-reduce over its partitions, with the in-memory fit's result
+        (:mod:`vbsvm.fitting.dask`); the other methods, ``prior``, ``missing="impute"`` and random
+        effects with ``method="vb"`` are refused there with a message.
     method : {"vb", "meanfield", "gibbs", "map"}
         ``"vb"``: the calibrated fast approximation — expectation propagation on the hinge
         pseudo-likelihood integrated over a grid of the variance parameters

@@ -127,6 +127,7 @@ __all__ = [
     "log_site_ratios",
     "sample_grid",
     "score_covariances",
+    "site_correction_terms",
     "tilted_log_normalizer",
     "tilted_moments",
 ]
@@ -1042,15 +1043,23 @@ def log_site_corrections(fit, model, L, X):
     every per-row factor is formed once and each point costs the two ``log_ndtr`` and a few
     fused products (half the elementwise work)."""
     SL = fit.post.cov_dense() @ L.T  # (qd, k)
-    Kmat = score_covariances(fit, model, L, SL)  # k_i for every row and combination
-    mf, vf = fit.post.linear_predictor()
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jk->k", L, SL)
+    rows = getattr(model, "ep_rows", None)
+    if rows is not None:  # rows kept elsewhere (e.g. a Dask frame's blocks): the same sums, block by block
+        return rows.site_corrections(fit, SL, mu, svar, X, site_correction_terms)
+    Kmat = score_covariances(fit, model, L, SL)  # k_i for every row and combination
+    mf, vf = fit.post.linear_predictor()
     n = model.n
-    y = model.y
-    tp, tn = fit.site_prec[:n], fit.site_shift[:n]
+    return site_correction_terms(Kmat, mf, vf, model.y, fit.site_prec[:n], fit.site_shift[:n], mu, svar, X)
+
+
+def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X):
+    """The rows' sum of :func:`log_site_corrections` for rows with score covariances ``Kmat``
+    (rows, k), EP score moments ``mf``, ``vf``, labels ``y`` and sites ``tp``, ``tn``, given each
+    combination's EP mean ``mu`` and variance ``svar``; an array (k, G)."""
     out = np.zeros(X.shape)
-    for k in range(len(L)):  # over combinations (coefficients), vectorized over rows and points
+    for k in range(len(X)):  # over combinations (coefficients), vectorized over rows and points
         if not svar[k] > 0:
             continue
         kappa = Kmat[:, k] / svar[k]  # a = mf + kappa (x - mu)

@@ -19,6 +19,14 @@ Models with more coefficients than rows and no eliminated term (the n x n Woodbu
 The engine imports no model: the Gaussian of the statistics is the model's algebra, asked of the
 model it is handed (``site_gaussian``, :class:`~vbsvm.models.linear_algebra.SiteGaussian`), as are
 its row blocks (``row_chunks``) and whether it takes the Woodbury path (``woodbury_applies``).
+
+Row operations. Everything that reads per-row arrays — the default sites, the statistics of a
+site vector, a pass, the SQUAREM norms and the checks of a site vector — goes through a
+:class:`SiteRows` (:func:`site_rows`): for a model in memory the arrays and loops below; a model
+whose rows live elsewhere (the partitions of a Dask frame, :mod:`vbsvm.sources.dask_ep`) hands its
+own as ``model.ep_rows``, whose site vectors are names of vectors kept with the rows, combined
+lazily by the same arithmetic (``c * v``, ``v + w``, ``v - w``, ``v @ w``). The rest of the engine,
+and the variance integration on top of it, only combines site vectors and their statistics.
 """
 
 from __future__ import annotations
@@ -36,8 +44,12 @@ __all__ = [
     "EPPass",
     "EPResult",
     "SiteStatistics",
+    "SiteRows",
     "Sites",
+    "cavity",
     "expectation_propagation",
+    "site_rows",
+    "site_terms",
     "site_statistics",
     "tilted_log_normalizer",
     "tilted_moments",
@@ -197,6 +209,88 @@ def site_statistics(model, w, r) -> SiteStatistics:
     return s
 
 
+class SiteRows:
+    """The row operations of parallel EP for a model whose rows are in memory: site vectors are
+    ndarrays (the ``n`` hinge sites, then any prior sites).
+
+    A model whose rows live elsewhere supplies an object with the same methods as
+    ``model.ep_rows`` (see the module docstring)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def default_sites(self):
+        """``(precisions, shifts)`` of the default hinge sites: 1 and ``2 y`` per row."""
+        y = self.model.y
+        return np.ones(y.size), 2.0 * y
+
+    @staticmethod
+    def as_vector(v):
+        """A site vector from what a caller passed (a copy as float)."""
+        return np.array(v, dtype=float)
+
+    def statistics(self, x) -> SiteStatistics:
+        """The statistics of the hinge part of the sites ``x`` (one pass)."""
+        n = self.model.n
+        return site_statistics(self.model, x.prec[:n], x.shift[:n])
+
+    def sweep(self, problem, x, post):
+        """The rows' part of :class:`EPPass` from the sites ``x`` under their Gaussian ``post``:
+        ``(new_prec, new_shift, stats, site_sum, quad, change, leverage, ok)`` (``stats`` None on
+        the Woodbury path; the rest undefined unless ``ok``)."""
+        model = self.model
+        n = model.n
+        new_prec, new_shift = np.empty(n), np.empty(n)
+        acc = None if problem.woodbury else _Accumulator(model)
+        whole = post.linear_predictor() if problem.woodbury else None
+        site_sum, quad, change, ok, leverage = 0.0, 0.0, 0.0, True, 0.0
+        y = model.y
+        for b, rows in enumerate(_plan(model).blocks):
+            mf, vf = (whole[0][rows], whole[1][rows]) if whole is not None else _block_scores(post, model, b, rows)
+            pb, sb = x.prec[rows], x.shift[rows]
+            cv, cm = cavity(mf, vf, pb, sb)
+            log_zi, g, h = tilted_moments(y[rows], cm, cv)
+            if not (np.all(vf > 0) and np.all(np.isfinite(log_zi))):
+                ok = False
+                break
+            den = 1.0 + h * cv
+            npb, nsb = -h / den, (g - cm * h) / den
+            new_prec[rows], new_shift[rows] = npb, nsb
+            site_sum += site_terms(log_zi, mf, vf, cm, cv)
+            quad += float(sb @ mf)
+            leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
+            change = max(change, float(np.max(np.abs(npb - pb) / (1.0 + np.abs(pb)), initial=0.0)),
+                         float(np.max(np.abs(nsb - sb) / (1.0 + np.abs(sb)), initial=0.0)))
+            if acc is not None:
+                acc.add(b, rows, npb, nsb)
+        stats = None
+        if ok and acc is not None:
+            stats = acc.stats
+            stats.A = 0.5 * (stats.A + stats.A.T)
+        return new_prec, new_shift, stats, site_sum, quad, change, leverage, ok
+
+    @staticmethod
+    def sites_ok(x) -> bool:
+        """Whether the site vectors ``x`` are finite with non-negative precisions."""
+        return bool(np.all(np.isfinite(x.prec)) and np.all(np.isfinite(x.shift)) and np.all(x.prec >= 0))
+
+    @staticmethod
+    def proposal_ok(x) -> bool:
+        """:meth:`sites_ok` in the order SQUAREM's proposal is checked."""
+        return bool(np.all(x.prec >= 0) and np.all(np.isfinite(x.prec)) and np.all(np.isfinite(x.shift)))
+
+    @staticmethod
+    def squarem_norms(x0, x1, x2):
+        """``(|x1 - x0|^2, |x2 - 2 x1 + x0|^2)`` over both parameter vectors."""
+        return _sq_dist(x1, x0), _sq_second_difference(x0, x1, x2)
+
+
+def site_rows(model):
+    """The :class:`SiteRows` of ``model``: its own ``ep_rows`` if it has them, else in memory."""
+    rows = getattr(model, "ep_rows", None)
+    return rows if rows is not None else SiteRows(model)
+
+
 def _block_scores(post, model, b, rows):
     """Mean and variance of the scores ``f_i`` of the rows ``rows`` under the Gaussian ``post``."""
     block = model.Cd[rows]
@@ -249,14 +343,16 @@ class Sites:
         return Sites(prec, shift, stats)
 
 
-def _cavity(m, v, prec, shift):
+def cavity(m, v, prec, shift):
     """Variance and mean of the cavities ``N(m, v) / site``."""
     cav_prec = np.maximum(1.0 / v - prec, 1e-12 / v)
     cv = 1.0 / cav_prec
     return cv, cv * (m / v - shift)
 
 
-def _site_terms(log_zi, m, v, cm, cv):
+def site_terms(log_zi, m, v, cm, cv):
+    """``sum_i log C_i`` of sites with tilted normalizers ``log_zi``, marginals ``N(m, v)`` and
+    cavities ``N(cm, cv)`` (the sites' part of :meth:`EPPass.log_z`)."""
     return float(np.sum(log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)))
 
 
@@ -266,12 +362,12 @@ class _Problem:
     def __init__(self, model, tau, prior=None, blocks=()):
         self.model, self.tau, self.prior, self.blocks = model, np.asarray(tau, dtype=float), prior, blocks
         self.woodbury = not blocks and prior is None and model.woodbury_applies(self.tau)
+        self.rows = site_rows(model)
 
     def with_statistics(self, x: Sites) -> Sites:
         """``x`` with its statistics formed (one pass over the rows) where they are needed."""
         if x.stats is None and not self.woodbury:
-            n = self.model.n
-            x.stats = site_statistics(self.model, x.prec[:n], x.shift[:n])
+            x.stats = self.rows.statistics(x)
         return x
 
     def gaussian(self, x: Sites):
@@ -305,29 +401,7 @@ class EPPass:
         self.model_n = n
         self.post = post = problem.gaussian(x)
         DataPasses.count += 1
-        new_prec, new_shift = np.empty(n), np.empty(n)
-        acc = None if problem.woodbury else _Accumulator(model)
-        whole = post.linear_predictor() if problem.woodbury else None
-        site_sum, quad, change, ok, leverage = 0.0, 0.0, 0.0, True, 0.0
-        y = model.y
-        for b, rows in enumerate(_plan(model).blocks):
-            mf, vf = (whole[0][rows], whole[1][rows]) if whole is not None else _block_scores(post, model, b, rows)
-            pb, sb = x.prec[rows], x.shift[rows]
-            cv, cm = _cavity(mf, vf, pb, sb)
-            log_zi, g, h = tilted_moments(y[rows], cm, cv)
-            if not (np.all(vf > 0) and np.all(np.isfinite(log_zi))):
-                ok = False
-                break
-            den = 1.0 + h * cv
-            npb, nsb = -h / den, (g - cm * h) / den
-            new_prec[rows], new_shift[rows] = npb, nsb
-            site_sum += _site_terms(log_zi, mf, vf, cm, cv)
-            quad += float(sb @ mf)
-            leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
-            change = max(change, float(np.max(np.abs(npb - pb) / (1.0 + np.abs(pb)), initial=0.0)),
-                         float(np.max(np.abs(nsb - sb) / (1.0 + np.abs(sb)), initial=0.0)))
-            if acc is not None:
-                acc.add(b, rows, npb, nsb)
+        new_prec, new_shift, stats, site_sum, quad, change, leverage, ok = problem.rows.sweep(problem, x, post)
         self.scores_ok = ok
         #: largest share ``tau~_i v_i`` of a score's marginal precision held by its own site
         self.max_leverage = min(leverage, 1.0)
@@ -337,13 +411,9 @@ class EPPass:
             self.new = None
             return
         self.site_sum, self.quad = site_sum, quad
-        stats = None
-        if acc is not None:
-            stats = acc.stats
-            stats.A = 0.5 * (stats.A + stats.A.T)
         if prior is not None:
             self.pm, self.pv = post.mean[prior.index], post.diag_cov()[prior.index]
-            self.pcv, self.pcm = _cavity(self.pm, self.pv, x.prec[n:], x.shift[n:])
+            self.pcv, self.pcm = cavity(self.pm, self.pv, x.prec[n:], x.shift[n:])
             self.tilted = prior.tilted(self.pcm, self.pcv)
             p_prec, p_shift = prior.site(self.pcm, self.pcv, self.tilted)
             change = max(change, float(np.max(np.abs(p_prec - x.prec[n:]) / (1.0 + np.abs(x.prec[n:])), initial=0.0)),
@@ -391,11 +461,10 @@ class EPPass:
     def finite(self) -> bool:
         if self.new is None:
             return False
-        ok = (np.isfinite(self.change) and self.scores_ok and np.all(np.isfinite(self.new.prec))
-              and np.all(np.isfinite(self.new.shift)))
+        ok = np.isfinite(self.change) and self.scores_ok and self.problem.rows.sites_ok(self.new)
         if self.prior is not None:
             ok = ok and np.all(self.pv > 0) and np.all(np.isfinite(self.tilted.log_z))
-        return bool(ok and np.all(self.new.prec >= 0))
+        return bool(ok)
 
     def log_z(self) -> float:
         r"""``log Z_EP`` from the Gaussian built on the current sites and their cavities: the
@@ -408,7 +477,7 @@ class EPPass:
         quad, sites = self.quad, self.site_sum
         if self.prior is not None:
             quad += float(self.shift[n:] @ self.pm)
-            sites += _site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
+            sites += site_terms(self.tilted.log_z, self.pm, self.pv, self.pcm, self.pcv)
         return float(0.5 * self.log_det_prior() + 0.5 * post.logdet_cov() + 0.5 * quad + sites)
 
     def log_det_prior(self) -> float:
@@ -503,11 +572,11 @@ ANNEAL_FACTOR = 0.97
 STALL_SWEEPS = 40
 
 
-def _as_sites(sites) -> Sites:
+def _as_sites(sites, rows) -> Sites:
     if isinstance(sites, Sites):  # never written to: every step makes new arrays
         return Sites(sites.prec, sites.shift, sites.stats)
     stats = sites[2] if len(sites) > 2 else None
-    return Sites(np.array(sites[0], dtype=float), np.array(sites[1], dtype=float), stats)
+    return Sites(rows.as_vector(sites[0]), rows.as_vector(sites[1]), stats)
 
 
 def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, damping=0.5, tol=1e-6,
@@ -587,9 +656,9 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
     problem = _Problem(model, tau, prior, blocks)
     rule = _StoppingRule(tol, moment_tol, watch_moments=sites is not None)
     done = rule.done
-    default_pair = _default_sites(model, prior)
+    default_pair = _default_sites(problem.rows, prior)
     default = None
-    x = Sites(*default_pair) if sites is None else _as_sites(sites)
+    x = Sites(*default_pair) if sites is None else _as_sites(sites, problem.rows)
     delta = float(damping)
     last = np.inf
     converged = annealed = False
@@ -687,10 +756,9 @@ class _StoppingRule:
         return sweeps - self.moment_best[1] >= MOMENT_STALL_SWEEPS
 
 
-def _default_sites(model, prior):
+def _default_sites(rows, prior):
     """The starting sites' ``(precisions, shifts)``: 1 and ``2 y`` per row, then the prior's start."""
-    y = model.y
-    default_pair = (np.ones(y.size), 2.0 * y)
+    default_pair = rows.default_sites()
     if prior is not None:
         default_pair = tuple(np.concatenate(pair) for pair in zip(default_pair, prior.start()))
     return default_pair
@@ -702,14 +770,13 @@ def _squarem(problem, cur, x1, s1, delta):
     None, passes made)``, ``x2`` the sites to go on from when it does not."""
     x2 = s1.damped(delta)
     x0 = cur.x
-    nr2 = _sq_dist(x1, x0)
-    nv2 = _sq_second_difference(x0, x1, x2)
+    nr2, nv2 = problem.rows.squarem_norms(x0, x1, x2)
     if not (nv2 > 0 and np.isfinite(nv2)):
         return x2, None, 0
     s = min(-np.sqrt(nr2 / nv2), -1.0)
     # x0 - 2 s r + s^2 v = (1 + s)^2 x0 - 2 s (1 + s) x1 + s^2 x2
     prop = Sites.combine(((1.0 + s) ** 2, -2.0 * s * (1.0 + s), s * s), (x0, x1, x2))
-    if not (np.all(prop.prec >= 0) and np.all(np.isfinite(prop.prec)) and np.all(np.isfinite(prop.shift))):
+    if not problem.rows.proposal_ok(prop):
         return x2, None, 0
     sp_ = _try_pass(problem, prop)
     return x2, (sp_ if sp_ is not None and sp_.change < s1.change else None), 1

@@ -57,7 +57,7 @@ class _SpilledPart:
     released when the model is dropped)."""
 
     def __init__(self, model, path):
-        os.makedirs(path)
+        os.makedirs(path, exist_ok=True)  # exists if Dask recomputes the task (a worker restarted)
         self.n = model.n
         self._files = []
 
@@ -103,6 +103,25 @@ class _Block:
         for k, part in enumerate(self._parts):
             yield slice(self.offsets[k], self.offsets[k + 1]), self._model(part)
 
+    # Named per-row vectors kept until the client drops them (EP's site vectors,
+    # :mod:`vbsvm.sources.dask_ep`): unlike the memory above, they cannot be recomputed.
+    def keep_vector(self, key, values):
+        """Keep the block's per-row ``values`` under the name ``key`` (an int)."""
+        raise NotImplementedError
+
+    def vector_writer(self, key):
+        """A writer of the vector to keep under ``key``, filled by consecutive row chunks
+        (``write(rows, values)``, then ``close()``; ``abort()`` keeps nothing)."""
+        return _ArrayWriter(self, key)
+
+    def vector(self, key):
+        """The per-row vector kept under ``key``."""
+        raise NotImplementedError
+
+    def drop_vectors(self, keys):
+        """Forget the vectors kept under ``keys`` (absent ones are ignored)."""
+        raise NotImplementedError
+
 
 class _Resident(_Block):
     """A :class:`_Block` in the worker's memory."""
@@ -111,6 +130,7 @@ class _Resident(_Block):
         super().__init__(parts)
         self._values = {}
         self._kept = []  # keys, least recently used first
+        self._vectors = {}
 
     @staticmethod
     def _model(part):
@@ -135,8 +155,24 @@ class _Resident(_Block):
         for old in self._touch(key):
             del self._values[old]
 
+    def keep_vector(self, key, values):
+        self._vectors[key] = values
+
+    def vector(self, key):
+        got = self._vectors.get(key)
+        if got is None:
+            raise RuntimeError("a block of the Dask fit lost the per-row vectors it kept (a worker restarted, or "
+                               "the block was copied to another worker); refit, with persist=False if the "
+                               "workers run out of memory.")
+        return got
+
+    def drop_vectors(self, keys):
+        for key in keys:
+            self._vectors.pop(key, None)
+
     def __sizeof__(self):  # what Dask counts as this block's memory
-        arrays = [a for part in self._parts for a in vars(part).values()] + list(self._values.values())
+        arrays = ([a for part in self._parts for a in vars(part).values()] + list(self._values.values())
+                  + list(self._vectors.values()))
         return 64 + sum(a.nbytes for a in arrays if isinstance(a, np.ndarray))
 
 
@@ -147,7 +183,7 @@ class _Spilled(_Block):
 
     def __init__(self, parts, path):
         super().__init__(parts)
-        os.makedirs(path)
+        os.makedirs(path, exist_ok=True)  # as in _SpilledPart; kept vectors survive a recomputed block
         self.path = path
 
     @staticmethod
@@ -167,12 +203,82 @@ class _Spilled(_Block):
             return None
         return np.load(name, mmap_mode="r")
 
+    # Vectors are raw files written and read by row chunks (not memory-mapped: mapped pages
+    # would count in the worker's memory while a task walks its block).
+    def _vector_file(self, key) -> str:
+        return os.path.join(self.path, f"vector_{int(key)}.bin")
+
+    def keep_vector(self, key, values):
+        np.ascontiguousarray(values, dtype=float).tofile(self._vector_file(key))
+
+    def vector_writer(self, key):
+        return _FileWriter(self._vector_file(key))
+
+    def vector(self, key):
+        return _FileVector(self._vector_file(key))
+
+    def drop_vectors(self, keys):
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._vector_file(key))
+
     def remember(self, key, values):
         np.save(self._file(key), values)
         kept = sorted(glob.glob(os.path.join(self.path, "kept_*.npy")), key=os.path.getmtime)
         for old in kept[:-CHI_KEPT]:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(old)
+
+
+class _ArrayWriter:
+    """:meth:`_Block.vector_writer` of a block in memory: an array, kept when closed."""
+
+    def __init__(self, block, key):
+        self.block, self.key, self.values = block, key, np.empty(block.n)
+
+    def write(self, rows, values):
+        self.values[rows] = values
+
+    def close(self):
+        self.block.keep_vector(self.key, self.values)
+
+    def abort(self):
+        self.values = None
+
+
+class _FileWriter:
+    """:meth:`_Block.vector_writer` of a spilled block: the chunks appended to a raw file."""
+
+    def __init__(self, name):
+        self.name, self.file, self.at = name, open(name, "wb"), 0  # noqa: SIM115 - closed by close/abort
+
+    def write(self, rows, values):
+        if rows.start != self.at:
+            raise ValueError("a vector's chunks are written in order")
+        np.ascontiguousarray(values, dtype=float).tofile(self.file)
+        self.at = rows.stop
+
+    def close(self):
+        self.file.close()
+
+    def abort(self):
+        self.file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.name)
+
+
+class _FileVector:
+    """A spilled block's kept vector, read by row chunks (``vector[rows]``) from its raw file."""
+
+    def __init__(self, name):
+        self.file = open(name, "rb")  # noqa: SIM115 - closed with this object
+
+    def __getitem__(self, rows):
+        self.file.seek(8 * rows.start)
+        return np.fromfile(self.file, dtype=float, count=rows.stop - rows.start)
+
+    def __del__(self):
+        self.file.close()
 
 
 # ============================================================================ the model
