@@ -28,10 +28,10 @@ mean-field fit, results in ``benchmarks/results/dask_scale_vb.{json,md}``. The p
 worker's CPU time per row and pass that reads the design (EP sweeps, statistics; the CPU of the
 passes that read only site vectors is counted in it too), against the in-memory EP pass: the
 CPU time of ``EPPass`` on the in-memory model (best of three, default sites) and the in-memory
-fit's CPU time per pass (``DataPasses``) and row. With a small memory limit, run it with
-``ARROW_DEFAULT_MEMORY_POOL=system`` (the workers inherit it): pyarrow's default pool (mimalloc)
-keeps what the set-up's Parquet reads freed, and the workers then start the passes close to the
-nanny's limit.
+fit's CPU time per pass (``DataPasses``) and row. pyarrow's default pool (mimalloc) keeps what the
+set-up's Parquet reads freed; the package's partition tasks return it to the system, and with a
+small memory limit ``ARROW_DEFAULT_MEMORY_POOL=system`` (the workers inherit it) leaves more
+headroom.
 
 Usage::
 

@@ -297,3 +297,25 @@ def test_pass_memory_does_not_grow_with_the_block(frame):
     scratch = dask_blocks._Rows(spec.design.p)
     scratch_bytes = scratch.V.nbytes + scratch.S.nbytes + scratch.vec.nbytes
     assert peak < 2 * 8 * block.n + scratch_bytes + 2 ** 19 < design_bytes / 2
+
+
+def test_partition_tasks_return_arrow_pool_memory_first(monkeypatch):
+    """pyarrow's pool keeps freed buffers of earlier partitions (the source's reads) and a worker's
+    memory limit counts them: each task that reads a raw partition hands them back first."""
+    import types
+
+    from vbsvm.sources import dask_blocks, dask_frames
+
+    calls = []
+    pool = types.SimpleNamespace(release_unused=lambda: calls.append(1))
+    arrow = types.SimpleNamespace(default_memory_pool=lambda: pool)
+    monkeypatch.setattr(dask_frames, "sys", types.SimpleNamespace(modules={"pyarrow": arrow}))
+    frame = pd.DataFrame({"y": [1.0, -1.0, 1.0], "x": [0.1, 0.2, 0.3]})
+    dask_frames._scan(frame, "y", [], ["x"])
+    assert calls == [1]
+    spec = types.SimpleNamespace(model=lambda f: None)
+    assert dask_blocks.task_part(frame, spec, None) is None
+    assert calls == [1, 1]
+    monkeypatch.setattr(dask_frames, "sys", types.SimpleNamespace(modules={}))
+    dask_frames.release_arrow_memory()  # no pyarrow loaded: nothing to release
+    assert calls == [1, 1]

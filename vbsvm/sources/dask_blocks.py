@@ -17,7 +17,7 @@ import numpy as np
 
 from vbsvm.models import hinge
 from vbsvm.models.linear_algebra import WorkingGram, row_blocks
-from vbsvm.sources.dask_frames import import_dask
+from vbsvm.sources.dask_frames import import_dask, release_arrow_memory
 
 #: sweep posteriors whose ``log chi`` a block keeps, the least recently used dropped first: a
 #: SQUAREM step reads at most four (its start, its two sweeps, the newest)
@@ -39,6 +39,7 @@ BLOCK_BYTES = 256 * 2 ** 20
 def task_part(frame, spec, path):
     """The :class:`LinearSVMModel` of a raw partition's complete rows (None without any), kept
     as is (``path`` None) or spilled to files under ``path`` (:class:`_SpilledPart`)."""
+    release_arrow_memory()
     model = spec.model(frame)
     return model if model is None or path is None else _SpilledPart(model, path)
 
