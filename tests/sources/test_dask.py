@@ -8,35 +8,17 @@ import pytest
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
 
-import vbsvm  # noqa: E402
+from support.frames import relative_error, site_frame
+
+import vbsvm
 from vbsvm.exceptions import InputError
 
 N = 2500
 
 
 @pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def frame():
-    rng = np.random.default_rng(7)
-    df = pd.DataFrame(rng.standard_normal((N, 4)) * [1.0, 3.0, 0.5, 10.0] + [0.0, 5.0, -2.0, 100.0],
-                      columns=["x1", "x2", "x3", "x4"])
-    df["site"] = rng.choice([f"s{i:02d}" for i in range(15)], N)
-    df["sex"] = rng.choice(["m", "f"], N)
-    u = rng.normal(0, 0.8, 15)[df["site"].str[1:].astype(int)]
-    f = df.x1 - 0.3 * (df.x2 - 5) + 0.8 * (df.sex == "m") + u + rng.standard_normal(N)
-    df["y"] = np.where(f > 0, "yes", "no")
-    return df
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+    return site_frame(N, 7, 15, site_sd=0.8)
 
 
 CASES = [
@@ -59,14 +41,14 @@ def test_equals_in_memory_fit(client, frame, formula, penalty, npartitions, monk
     data = dd.from_pandas(frame, npartitions=npartitions)
     fit = vbsvm.svm(formula, data, method="meanfield", penalty=penalty)
     assert fit.info["converged"] and fit.n_obs == N and fit.info["blocks"] == npartitions
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
-    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert relative_error(fit.coef["sd"], ref.coef["sd"]) < 1e-8
     for name, table in ref.ranef().items():
-        assert _rel(fit.ranef()[name]["mean"], table["mean"]) < 1e-8
-        assert _rel(fit.ranef()[name]["sd"], table["sd"]) < 1e-8
+        assert relative_error(fit.ranef()[name]["mean"], table["mean"]) < 1e-8
+        assert relative_error(fit.ranef()[name]["sd"], table["sd"]) < 1e-8
     if penalty == "auto" or ref.layout.groups:
         vc_ref, vc = ref.varcomp(), fit.varcomp()
-        assert _rel(vc["mean"], vc_ref["mean"]) < 1e-8
+        assert relative_error(vc["mean"], vc_ref["mean"]) < 1e-8
     assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
     np.testing.assert_allclose(fit.info["prob_calibration"], ref.info["prob_calibration"], rtol=1e-6)
     assert "Intercept" in fit.summary().as_text()
@@ -78,7 +60,7 @@ def test_streamed_and_persisted_agree(client, frame):
     a = vbsvm.svm("y ~ x1 + x2 + (1 | site)", data, method="meanfield", persist=False)
     b = vbsvm.svm("y ~ x1 + x2 + (1 | site)", data, method="meanfield", persist=True)
     assert not a.info["persisted"] and b.info["persisted"]
-    assert _rel(a.coef["mean"], b.coef["mean"]) < 1e-10
+    assert relative_error(a.coef["mean"], b.coef["mean"]) < 1e-10
 
 
 def test_missing_rows_dropped_as_in_memory(client, frame):
@@ -87,7 +69,7 @@ def test_missing_rows_dropped_as_in_memory(client, frame):
     ref = vbsvm.svm("y ~ x1 + x2", df, method="meanfield")
     fit = vbsvm.svm("y ~ x1 + x2", dd.from_pandas(df, npartitions=4), method="meanfield")
     assert fit.design.n_dropped == ref.design.n_dropped > 0 and fit.n_obs == ref.n_obs
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < 1e-8
     with pytest.raises(InputError, match="missing='drop'"):
         vbsvm.svm("y ~ x1 + x2", dd.from_pandas(df, npartitions=4), method="meanfield", missing="raise")
 
@@ -174,17 +156,18 @@ def test_random_slopes_equal_in_memory(client, frame):
     formula = "y ~ x1 + x2 + (1 + x3 | site)"
     ref = vbsvm.svm(formula, frame, method="meanfield")
     fit = vbsvm.svm(formula, dd.from_pandas(frame, npartitions=3), method="meanfield")
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
-    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
-    assert _rel(fit.ranef()["site"]["sd"], ref.ranef()["site"]["sd"]) < 1e-8
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert relative_error(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert relative_error(fit.ranef()["site"]["sd"], ref.ranef()["site"]["sd"]) < 1e-8
 
 
 def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, monkeypatch):
     """persist=False writes each block's design once under Dask's temporary-directory,
     memory-maps it on every pass, gives the in-memory fit, removes its files, and leaves the
     user's frame as it was."""
-    import dask
     import tempfile
+
+    import dask
 
     from vbsvm.fitting import dask as dask_fit
 
@@ -204,9 +187,9 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
     with dask.config.set({"temporary-directory": str(tmp_path)}):
         fit = vbsvm.svm(formula, dd.from_pandas(df, npartitions=4), method="meanfield", persist=False)
     assert not fit.info["persisted"] and fit.n_obs == ref.n_obs and 2 <= fit.info["blocks"] < 4
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
-    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
-    assert _rel(fit.ranef()["site"]["mean"], ref.ranef()["site"]["mean"]) < 1e-8
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert relative_error(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert relative_error(fit.ranef()["site"]["mean"], ref.ranef()["site"]["mean"]) < 1e-8
     assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
     np.testing.assert_allclose(fit.info["prob_calibration"], ref.info["prob_calibration"], rtol=1e-6)
     assert len(made) == 1 and made[0].startswith(str(tmp_path))
@@ -215,8 +198,8 @@ def test_spilled_fit_equals_in_memory_and_cleans_up(client, frame, tmp_path, mon
 
 
 def _block_spec(frame, formula):
-    from vbsvm.sources import dask_frames
     from vbsvm.fitting.svm import fit_settings
+    from vbsvm.sources import dask_frames
 
     settings = fit_settings(formula, method="meanfield", draws=1, tune=1, chains=1, max_iter=10, progress=False)
     design = dask_frames.learn_design(formula, dd.from_pandas(frame, npartitions=1))
@@ -264,8 +247,8 @@ def test_coalesced_blocks_equal_in_memory_fit(client, frame, persist):
     again = vbsvm.svm(formula, data, method="meanfield", persist=persist)
     np.testing.assert_array_equal(again.coef.to_numpy(), fit.coef.to_numpy())
     assert fit.info["blocks"] == len(client.scheduler_info()["workers"]) < 7
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < 1e-8
-    assert _rel(fit.coef["sd"], ref.coef["sd"]) < 1e-8
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < 1e-8
+    assert relative_error(fit.coef["sd"], ref.coef["sd"]) < 1e-8
     assert fit.info["n_sweeps"] == ref.info["n_sweeps"]
     assert fit.info["passes"] < 1.5 * fit.info["n_sweeps"]
 
@@ -275,8 +258,8 @@ def test_pass_memory_does_not_grow_with_the_block(frame):
     not arrays of the design's size, however many rows its block has."""
     import tracemalloc
 
-    from vbsvm.sources import dask_blocks
     from vbsvm.fitting import dask as dask_fit
+    from vbsvm.sources import dask_blocks
 
     big = pd.concat([frame] * 160, ignore_index=True)  # 400,000 rows
     formula = "y ~ x1 + x2 + x3 + x4 + C(sex)"

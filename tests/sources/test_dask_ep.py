@@ -3,11 +3,12 @@
 clear refusals."""
 
 import numpy as np
-import pandas as pd
 import pytest
 
 dd = pytest.importorskip("dask.dataframe")
 distributed = pytest.importorskip("distributed")
+
+from support.frames import relative_error, site_frame
 
 import vbsvm
 from vbsvm.exceptions import InputError
@@ -18,36 +19,17 @@ TOL = 1e-6
 
 
 @pytest.fixture(scope="module")
-def client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def frame():
-    rng = np.random.default_rng(11)
-    df = pd.DataFrame(rng.standard_normal((N, 4)) * [1.0, 3.0, 0.5, 10.0] + [0.0, 5.0, -2.0, 100.0],
-                      columns=["x1", "x2", "x3", "x4"])
-    df["sex"] = rng.choice(["m", "f"], N)
-    df["site"] = rng.choice([f"s{i:02d}" for i in range(9)], N)
-    f = df.x1 - 0.3 * (df.x2 - 5) + 0.8 * (df.sex == "m") + rng.standard_normal(N)
-    df["y"] = np.where(f > 0, "yes", "no")
-    return df
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
+    return site_frame(N, 11, 9)
 
 
 def _assert_same_fit(fit, ref, frame):
     assert fit.info["approximation"] == ref.info["approximation"] and fit.n_obs == ref.n_obs
     assert fit.info["n_ep"] == ref.info["n_ep"] and fit.info["n_sweeps"] == ref.info["n_sweeps"]
-    assert _rel(fit.coef["mean"], ref.coef["mean"]) < TOL
-    assert _rel(fit.coef["sd"], ref.coef["sd"]) < TOL
+    assert relative_error(fit.coef["mean"], ref.coef["mean"]) < TOL
+    assert relative_error(fit.coef["sd"], ref.coef["sd"]) < TOL
     if len(ref.varcomp()):
-        assert _rel(fit.varcomp()["mean"], ref.varcomp()["mean"]) < TOL
+        assert relative_error(fit.varcomp()["mean"], ref.varcomp()["mean"]) < TOL
     np.testing.assert_allclose(fit.info["prob_calibration"], ref.info["prob_calibration"], rtol=TOL)
     new = frame.iloc[:200]
     for kind in ("prob", "score"):

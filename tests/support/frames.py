@@ -36,3 +36,24 @@ def mixed_frame(n=60, seed=0):
                        "g": rng.choice(list("pqr"), n)})
     df["y"] = (df["x"] + rng.normal(size=n) > 0).astype(int)
     return df
+
+
+def site_frame(n, seed, n_sites, site_sd=0.0):
+    """Four numeric predictors of different scales and offsets, a site factor of ``n_sites``
+    levels, a two-level ``sex``, and a yes/no label from a noisy linear score (plus a site effect
+    ``N(0, site_sd^2)`` where ``site_sd`` > 0): the frames the Dask tests compare with pandas."""
+    rng = np.random.default_rng(seed)
+    df = pd.DataFrame(rng.standard_normal((n, 4)) * [1.0, 3.0, 0.5, 10.0] + [0.0, 5.0, -2.0, 100.0],
+                      columns=["x1", "x2", "x3", "x4"])
+    df["site"] = rng.choice([f"s{i:02d}" for i in range(n_sites)], n)
+    df["sex"] = rng.choice(["m", "f"], n)
+    u = rng.normal(0, site_sd, n_sites)[df["site"].str[1:].astype(int)] if site_sd > 0 else 0.0
+    f = df.x1 - 0.3 * (df.x2 - 5) + 0.8 * (df.sex == "m") + u + rng.standard_normal(n)
+    df["y"] = np.where(f > 0, "yes", "no")
+    return df
+
+
+def relative_error(a, b):
+    """Largest ``|a - b| / |b|`` over the entries."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), 1e-300)))
