@@ -275,11 +275,6 @@ class SiteRows:
         return bool(np.all(np.isfinite(x.prec)) and np.all(np.isfinite(x.shift)) and np.all(x.prec >= 0))
 
     @staticmethod
-    def proposal_ok(x) -> bool:
-        """:meth:`sites_ok` in the order SQUAREM's proposal is checked."""
-        return bool(np.all(x.prec >= 0) and np.all(np.isfinite(x.prec)) and np.all(np.isfinite(x.shift)))
-
-    @staticmethod
     def squarem_norms(x0, x1, x2):
         """``(|x1 - x0|^2, |x2 - 2 x1 + x0|^2)`` over both parameter vectors."""
         return _sq_dist(x1, x0), _sq_second_difference(x0, x1, x2)
@@ -776,7 +771,7 @@ def _squarem(problem, cur, x1, s1, delta):
     s = min(-np.sqrt(nr2 / nv2), -1.0)
     # x0 - 2 s r + s^2 v = (1 + s)^2 x0 - 2 s (1 + s) x1 + s^2 x2
     prop = Sites.combine(((1.0 + s) ** 2, -2.0 * s * (1.0 + s), s * s), (x0, x1, x2))
-    if not problem.rows.proposal_ok(prop):
+    if not problem.rows.sites_ok(prop):
         return x2, None, 0
     sp_ = _try_pass(problem, prop)
     return x2, (sp_ if sp_ is not None and sp_.change < s1.change else None), 1

@@ -392,11 +392,10 @@ class DaskSiteRows:
         return prec, shift, stats, site_sum, quad, change, leverage, True
 
     def sites_ok(self, x) -> bool:
+        """Whether ``x`` is finite with non-negative precisions: known from the pass that made new
+        sites, else one pass over the site vectors."""
         if x.prec.ok is not None:
             return x.prec.ok
-        return self.proposal_ok(x)
-
-    def proposal_ok(self, x) -> bool:
         return all(self._run(task_check, _wire(x.prec.expr), _wire(x.shift.expr), design=False))
 
     def dots(self, pairs) -> list:
