@@ -248,6 +248,44 @@ def test_corrected_marginal_exact_for_one_coefficient():
     assert abs(d_mean[0] - mean) < 0.01 * sd and d_sd[0] == pytest.approx(sd, rel=0.01)
 
 
+def test_site_correction_terms_match_the_tilted_normalizer_at_every_margin():
+    """The erfcx form of the corrections' sums (with its continuation beyond the clip) against
+    the sum of ``log_ndtr`` terms of :func:`ep_sites.tilted_log_normalizer`, row by row, on rows
+    whose conditional margins reach far beyond the clip on both sides (standardized margins up
+    to +-1e4) and on ordinary ones; a variant without the continuation must fail."""
+    rng = np.random.default_rng(3)
+    n, k, G = 40, 3, 25
+    mf = np.r_[rng.normal(0, 2, n - 6), 300.0, -300.0, 80.0, -80.0, 1.0, -1.0]
+    vf = rng.uniform(0.05, 2.0, n)
+    vf[-6:] = [1e-4, 1e-4, 1e-3, 1e-3, 1e-5, 0.5]
+    y = rng.choice([-1.0, 1.0], n)
+    tp = rng.uniform(0.0, 0.9, n) * np.minimum(1.0 / vf, 2.0)  # site precisions below 1 / vf
+    tn = rng.normal(0, 1, n)
+    Kmat = rng.normal(0, 0.3, (n, k)) * np.sqrt(vf)[:, None]
+    svar = np.array([1.0, 0.5, 2.0])
+    mu = rng.normal(size=k)
+    X = mu[:, None] + np.sqrt(svar)[:, None] * ep.MARGINAL_Z[None, :]
+    got = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
+    want = np.zeros((k, G))
+    for j in range(k):  # the row-by-row transcription of log_site_ratios
+        kap = Kmat[:, j] / svar[j]
+        b = np.maximum(vf - Kmat[:, j] * kap, 0.0)
+        a = mf[:, None] + kap[:, None] * (X[j] - mu[j])[None, :]
+        one = 1.0 - tp[:, None] * b[:, None]
+        log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp[:, None] - 2 * a * tn[:, None] + tn[:, None] ** 2 * b[:, None]) / one
+        log_z = ep_sites.tilted_log_normalizer(y[:, None], (a - b[:, None] * tn[:, None]) / one,
+                                               np.maximum(b[:, None] / one, 1e-300))
+        want[j] = (log_k + log_z).sum(0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    clip = ep.CORRECTION_CLIP
+    try:  # the broken variant: a clip where the asymptotes do not hold yet
+        ep.CORRECTION_CLIP = 3.0
+        broken = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
+    finally:
+        ep.CORRECTION_CLIP = clip
+    assert np.max(np.abs(broken - want)) > 1e-3
+
+
 @pytest.mark.slow
 def test_corrected_marginal_of_linear_combination_matches_dense_formula():
     """The correction of l^T theta with random intercepts (Schur-structured covariances) against
