@@ -250,7 +250,7 @@ class SiteRows:
             pb, sb = x.prec[rows], x.shift[rows]
             cv, cm = cavity(mf, vf, pb, sb)
             log_zi, g, h = tilted_moments(y[rows], cm, cv)
-            if not (np.all(vf > 0) and np.all(np.isfinite(log_zi))):
+            if not ((vf > 0).all() and np.isfinite(log_zi).all()):
                 ok = False
                 break
             den = 1.0 + h * cv
@@ -258,9 +258,9 @@ class SiteRows:
             new_prec[rows], new_shift[rows] = npb, nsb
             site_sum += site_terms(log_zi, mf, vf, cm, cv)
             quad += float(sb @ mf)
-            leverage = max(leverage, float(np.max(pb * vf, initial=0.0)))
-            change = max(change, float(np.max(np.abs(npb - pb) / (1.0 + np.abs(pb)), initial=0.0)),
-                         float(np.max(np.abs(nsb - sb) / (1.0 + np.abs(sb)), initial=0.0)))
+            leverage = max(leverage, float((pb * vf).max(initial=0.0)))
+            change = max(change, float((np.abs(npb - pb) / (1.0 + np.abs(pb))).max(initial=0.0)),
+                         float((np.abs(nsb - sb) / (1.0 + np.abs(sb))).max(initial=0.0)))
             if acc is not None:
                 acc.add(b, rows, npb, nsb)
         stats = None
@@ -272,7 +272,7 @@ class SiteRows:
     @staticmethod
     def sites_ok(x) -> bool:
         """Whether the site vectors ``x`` are finite with non-negative precisions."""
-        return bool(np.all(np.isfinite(x.prec)) and np.all(np.isfinite(x.shift)) and np.all(x.prec >= 0))
+        return bool(np.isfinite(x.prec).all() and np.isfinite(x.shift).all() and (x.prec >= 0).all())
 
     @staticmethod
     def squarem_norms(x0, x1, x2):
@@ -348,7 +348,7 @@ def cavity(m, v, prec, shift):
 def site_terms(log_zi, m, v, cm, cv):
     """``sum_i log C_i`` of sites with tilted normalizers ``log_zi``, marginals ``N(m, v)`` and
     cavities ``N(cm, cv)`` (the sites' part of :meth:`EPPass.log_z`)."""
-    return float(np.sum(log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)))
+    return float((log_zi + 0.5 * np.log(cv / v) - 0.5 * (m * m / v - cm * cm / cv)).sum())
 
 
 class _Problem:
@@ -430,7 +430,7 @@ class EPPass:
                     new = self.problem.model.site_gaussian(self.tau, self.new.stats, blocks=self.blocks,
                                                           inverse=False)
                     sd = np.sqrt(np.maximum(self.diag_cov(), 1e-300))
-                    self._moment_change = float(np.max(np.abs(new.mean - self.post.mean) / sd))
+                    self._moment_change = float((np.abs(new.mean - self.post.mean) / sd).max())
                 except (np.linalg.LinAlgError, FloatingPointError, ValueError):
                     pass
         return self._moment_change

@@ -132,8 +132,8 @@ def with_prior(model, stats, tau, blocks=(), prior_shift=None):
     i.e. ``tau`` on the diagonal, the covariance blocks ``blocks`` (``(index, precision)`` pairs)
     and ``prior_shift``. Returns new ``(A, D, bd)`` (``D`` None without the eliminated factor)."""
     qd = model.qd
-    A = stats.A.copy()
-    A[np.diag_indices(qd)] += tau[:qd]
+    A = stats.A.copy()  # C-contiguous: its flat view's stride qd + 1 is the diagonal
+    A.ravel()[:: qd + 1] += tau[:qd]
     sparse_prior = None
     for index, Lam in blocks:
         if index.min() >= qd:
@@ -511,8 +511,17 @@ class SiteGaussian(CoefficientPosterior):
         else:  # the mean alone (two triangular solves); no covariance
             self.Linv = None
             self.mean_dense, info = dpotrs(L, h, lower=1)
-        self.mean_sparse = (self.Dinv_br - self.GDb @ self.mean_dense).ravel()
-        self.fit_term = float(bd @ self.mean_dense + stats.br.ravel() @ self.mean_sparse)
+        if model.m_sparse:
+            self.mean_sparse = (self.Dinv_br - self.GDb @ self.mean_dense).ravel()
+            self.fit_term = float(bd @ self.mean_dense + stats.br.ravel() @ self.mean_sparse)
+        else:
+            self.mean_sparse = _EMPTY
+            self.fit_term = float(bd @ self.mean_dense)
+
+
+#: The sparse part of a Gaussian without an eliminated term (shared: nothing writes to it).
+_EMPTY = np.zeros(0)
+_EMPTY.flags.writeable = False
 
 
 def _as_slice(index):
