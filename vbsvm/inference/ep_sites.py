@@ -40,6 +40,7 @@ from scipy.special import log_ndtr
 __all__ = [
     "ANNEAL_FACTOR",
     "STALL_SWEEPS",
+    "START_PRECISION",
     "DataPasses",
     "EPPass",
     "EPResult",
@@ -209,6 +210,15 @@ def site_statistics(model, w, r) -> SiteStatistics:
     return s
 
 
+#: Precision of the hinge sites a cold EP run starts from (their shifts: ``2 y`` times it), the
+#: working likelihood of the augmentation at ``w = 1`` tempered to a tenth: at the fixed point most
+#: sites (rows beyond the margin) hold almost no precision, and from 1 the first sweeps spent
+#: themselves shrinking every site. Cold runs at the variances' starting point (moment rule, 0.01
+#: sds), with 1 and with 0.1: 16 and 9 sweeps (Section 4.2, n = 100, d = 10; means of three
+#: replicates), 25 and 19 (n = 500, d = 50), 15 and 6 (heart), 34 and 33 (spam), 14 and 11 (toenail).
+START_PRECISION = 0.1
+
+
 class SiteRows:
     """The row operations of parallel EP for a model whose rows are in memory: site vectors are
     ndarrays (the ``n`` hinge sites, then any prior sites).
@@ -220,9 +230,10 @@ class SiteRows:
         self.model = model
 
     def default_sites(self):
-        """``(precisions, shifts)`` of the default hinge sites: 1 and ``2 y`` per row."""
+        """``(precisions, shifts)`` of the default hinge sites: :data:`START_PRECISION` and
+        ``2 y`` times it per row."""
         y = self.model.y
-        return np.ones(y.size), 2.0 * y
+        return START_PRECISION * np.ones(y.size), START_PRECISION * (2.0 * y)
 
     @staticmethod
     def as_vector(v):
@@ -590,9 +601,9 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
         term with slopes, :meth:`~vbsvm.models.linear.LinearSVMModel.prior_blocks`).
     sites : Sites or tuple of ndarray, optional
         Starting ``(site_prec, site_shift)`` (warm start; a :class:`Sites` may carry their
-        statistics, which saves a pass over the rows); default ``(1, 2 y)``, the Gaussian
-        working likelihood of the augmentation at ``w = 1`` (and ``prior.start()`` for the prior
-        sites).
+        statistics, which saves a pass over the rows); default :data:`START_PRECISION` times
+        ``(1, 2 y)``, the Gaussian working likelihood of the augmentation at ``w = 1`` tempered
+        (and ``prior.start()`` for the prior sites).
     prior : optional
         Non-Gaussian priors of some coordinates approximated by sites too (an object with
         ``index``, ``start()``, ``tilted(m, v)`` and ``site(m, v, tilted)``, e.g.
@@ -752,7 +763,8 @@ class _StoppingRule:
 
 
 def _default_sites(rows, prior):
-    """The starting sites' ``(precisions, shifts)``: 1 and ``2 y`` per row, then the prior's start."""
+    """The starting sites' ``(precisions, shifts)``: :data:`START_PRECISION` and ``2 y`` times it
+    per row, then the prior's start."""
     default_pair = rows.default_sites()
     if prior is not None:
         default_pair = tuple(np.concatenate(pair) for pair in zip(default_pair, prior.start()))

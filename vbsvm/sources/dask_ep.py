@@ -7,7 +7,7 @@ of a Dask frame, handed to them as ``model.ep_rows`` of :class:`DaskEPModel`.
 
 Site vectors. A site vector (the precisions or the shifts of the n hinge sites) is a
 :class:`DaskVector`: an *expression* — a vector kept in the blocks under a name, the default
-sites (1 and ``2 y``), or ``c * v``, ``v + w``, ``v - w`` of such — evaluated row by row inside the
+sites (``START_PRECISION`` times 1 and ``2 y``), or ``c * v``, ``v + w``, ``v - w`` of such — evaluated row by row inside the
 block tasks with the floating-point operations of the in-memory arrays. So damping
 (``(1 - d) x + d F(x)``), SQUAREM's proposal and the warm starts scaled along the grid of
 variances cost nothing until a pass reads them; ``v @ w`` is a reduction over the blocks. Each
@@ -40,6 +40,7 @@ import weakref
 import numpy as np
 
 from vbsvm.inference.ep_sites import (
+    START_PRECISION,
     SiteStatistics,
     cavity,
     site_terms,
@@ -359,7 +360,7 @@ class DaskSiteRows:
 
     # ------------------------------------------------------------------ SiteRows
     def default_sites(self):
-        return DaskVector(self, ("ones",)), DaskVector(self, ("two_y",))
+        return START_PRECISION * DaskVector(self, ("ones",)), START_PRECISION * DaskVector(self, ("two_y",))
 
     @staticmethod
     def as_vector(v):
