@@ -155,6 +155,24 @@ def test_parallel_ep_converges_from_default_and_warm_start():
     assert np.all(cold.site_prec >= 0)
 
 
+def test_cold_runs_start_from_the_tempered_working_likelihood():
+    """The default start is START_PRECISION times the working likelihood at w = 1, ``(1, 2 y)``;
+    from it and from ``(1, 2 y)`` itself EP reaches the same fixed point (the start is a matter
+    of cost only)."""
+    model, _ = small_model(n=200, m=20, seed=5)
+    prec, shift = ep_sites.SiteRows(model).default_sites()
+    np.testing.assert_array_equal(prec, np.full(model.n, ep_sites.START_PRECISION))
+    np.testing.assert_array_equal(shift, ep_sites.START_PRECISION * 2.0 * model.y)
+    assert 0.0 < ep_sites.START_PRECISION < 1.0
+    tau = model.prior_precision([1.0, 2.0])
+    tempered = ep.expectation_propagation(model, tau, tol=1e-10)
+    unit = ep.expectation_propagation(model, tau, sites=(np.ones(model.n), 2.0 * model.y), tol=1e-10)
+    assert tempered.converged and unit.converged
+    np.testing.assert_allclose(tempered.mean, unit.mean, atol=1e-8)
+    np.testing.assert_allclose(tempered.site_prec, unit.site_prec, rtol=1e-6, atol=1e-8)
+    assert tempered.log_z == pytest.approx(unit.log_z, abs=1e-8)
+
+
 def stalling_model():
     """A data set (found by a search over 400 seeds) on which parallel EP at damping 0.5 with SQUAREM
     stalls: its sites alternate around the fixed point and the largest change shrinks by about 1%
