@@ -59,7 +59,7 @@ class PositiveLaw(BatchLaw):
         be strictly positive (in the given order); sets :attr:`shape`."""
         arrays = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in params.values()))
         for name, a in zip(params, arrays):
-            if not np.all(a > 0):
+            if not (a > 0).all():
                 raise ValueError(f"{type(self).__name__}: {name} must be strictly positive")
         arrays = [readonly(a) for a in arrays]
         self.shape = arrays[0].shape

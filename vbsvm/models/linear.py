@@ -156,6 +156,8 @@ class LinearSVMModel(LinearVB, LinearGibbs, LinearMarginalMoves, LinearBlockMove
         self.n, self.p = n, p
         self.y = np.asarray(y, dtype=float)
         self.A, self.B = float(A), float(B)
+        #: the IG(A, B) prior of each variance, built once (the ELBO reads it every sweep)
+        self.variance_prior = InverseGamma(self.A, self.B)
         terms = []
         for g in groups:
             codes, m, name = g[:3]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vbsvm.distributions import InverseGamma, InverseWishart
+from vbsvm.distributions import InverseWishart
 from vbsvm.models import hinge
 from vbsvm.models.linear_algebra import LOG_2PI, CoefficientPosterior
 from vbsvm.spd import pack_spd, unpack_spd
@@ -116,8 +116,7 @@ class LinearVB:
         value += float(np.sum(-0.5 * LOG_2PI + 0.5 * e_log_tau - 0.5 * e_tau * (mean[diag] ** 2 + dcov[diag])))
         value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * q["theta"].logdet_cov()
         if self.variance_components:
-            prior = InverseGamma(self.A, self.B)
-            value += float(np.sum(prior.expected_logpdf(qv) + qv.entropy()))
+            value += float(np.sum(self.variance_prior.expected_logpdf(qv) + qv.entropy()))
         return value + self.covariance_elbo(q.get("covariances", ()), q.get("scatters", ()))
 
     def covariance_elbo(self, q_covs, scatters) -> float:

@@ -243,6 +243,7 @@ class LaplaceZeroModel(SelectionVB, SelectionGibbs, SelectionJumps):
         self.n, self.q, self.qd = base.n, base.q, base.qd
         self.y = base.y
         self.A, self.B = float(A), float(B)
+        self.variance_prior = base.variance_prior
         self.sel = np.flatnonzero(select)
         self.m = self.sel.size
         if self.m == 0:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import betaln, digamma, expit
 
-from vbsvm.distributions import Bernoulli, InverseGamma
+from vbsvm.distributions import Bernoulli
 from vbsvm.models import hinge
 from vbsvm.models.selection_algebra import ETA_INIT, ETA_MAX, LOG_2, LOG_2PI, expit_scalar
 
@@ -166,7 +166,7 @@ class SelectionVB:
         # entropy of q(theta)
         value += 0.5 * self.q * (1.0 + LOG_2PI) + 0.5 * post.logdet_cov()
         # variances
-        value += float(np.sum(InverseGamma(self.A, self.B).expected_logpdf(qv) + qv.entropy()))
+        value += float(np.sum(self.variance_prior.expected_logpdf(qv) + qv.entropy()))
         # gamma: E log p(gamma) + H[q(gamma)]
         q_gamma = Bernoulli.from_logit(q["eta"])
         g = q_gamma.p
