@@ -290,7 +290,8 @@ def test_site_correction_terms_match_the_tilted_normalizer_at_every_margin():
         b = np.maximum(vf - Kmat[:, j] * kap, 0.0)
         a = mf[:, None] + kap[:, None] * (X[j] - mu[j])[None, :]
         one = 1.0 - tp[:, None] * b[:, None]
-        log_k = -0.5 * np.log(one) + 0.5 * (a * a * tp[:, None] - 2 * a * tn[:, None] + tn[:, None] ** 2 * b[:, None]) / one
+        t_p, t_n, bb = tp[:, None], tn[:, None], b[:, None]
+        log_k = -0.5 * np.log(one) + 0.5 * (a * a * t_p - 2 * a * t_n + t_n ** 2 * bb) / one
         log_z = ep_sites.tilted_log_normalizer(y[:, None], (a - b[:, None] * tn[:, None]) / one,
                                                np.maximum(b[:, None] / one, 1e-300))
         want[j] = (log_k + log_z).sum(0)

@@ -1059,8 +1059,8 @@ def log_site_corrections(fit, model, L, X):
 CORRECTION_BLOCK = 1 << 16
 
 #: :func:`site_correction_terms` evaluates the tilted normalizer at standardized margins ``u``
-#: clipped to ``[-U - 2 s, U]`` (``erfcx`` of arguments beyond ``U / sqrt(2)`` overflows) and
-#: continues it beyond by its asymptotes there (0 above, linear in ``u`` below), exact to double precision.
+#: clipped to ``[-c - 2 s, c]`` with ``c`` this value (``erfcx`` overflows beyond ``c / sqrt(2)``)
+#: and continues it by its asymptotes there (0 above, linear in ``u`` below), exact to double precision.
 CORRECTION_CLIP = 37.0
 ROOT_HALF = np.sqrt(0.5)
 

@@ -7,8 +7,8 @@ of a Dask frame, handed to them as ``model.ep_rows`` of :class:`DaskEPModel`.
 
 Site vectors. A site vector (the precisions or the shifts of the n hinge sites) is a
 :class:`DaskVector`: an *expression* — a vector kept in the blocks under a name, the default
-sites (``START_PRECISION`` times 1 and ``2 y``), or ``c * v``, ``v + w``, ``v - w`` of such — evaluated row by row inside the
-block tasks with the floating-point operations of the in-memory arrays. So damping
+sites (``START_PRECISION`` times 1 and ``2 y``), or ``c * v``, ``v + w``, ``v - w`` of such —
+evaluated row by row inside the block tasks with the floating-point operations of the in-memory arrays. So damping
 (``(1 - d) x + d F(x)``), SQUAREM's proposal and the warm starts scaled along the grid of
 variances cost nothing until a pass reads them; ``v @ w`` is a reduction over the blocks. Each
 pass keeps the new sites ``F(x)`` in the blocks under new names and also the sites ``x`` it read
