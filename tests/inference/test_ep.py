@@ -258,8 +258,9 @@ def test_corrected_marginal_exact_for_one_coefficient():
     c_mean, c_sd = ep.corrected_marginals(res, model, np.eye(1), z=np.linspace(-12, 12, 24001))
     assert c_mean[0] == pytest.approx(mean, abs=1e-5 * sd)
     assert c_sd[0] == pytest.approx(sd, rel=1e-5)
-    # default evaluation points (25): here, with point masses q(f_i | beta), the corrected density
-    # has kinks and the regular-grid rule is only second order: within 1e-3 sd (mean) and 0.5% (sd)
+    # default evaluation points (25, as far as the tail rule reaches): here, with point masses
+    # q(f_i | beta), the corrected density has kinks and the regular-grid rule is only second
+    # order: within 1e-3 sd (mean) and 0.5% (sd)
     # of the fine grid (measured 1.5e-4 and 0.3%), a fraction of the correction's own error here
     d_mean, d_sd = ep.corrected_marginals(res, model, np.eye(1))
     assert d_mean[0] == pytest.approx(c_mean[0], abs=1e-3 * sd) and d_sd[0] == pytest.approx(c_sd[0], rel=5e-3)
@@ -304,6 +305,70 @@ def test_site_correction_terms_match_the_tilted_normalizer_at_every_margin():
         ep.CORRECTION_CLIP = clip
     assert np.max(np.abs(broken - want)) > 1e-3
 
+
+
+def test_tail_rule_evaluates_only_the_points_it_keeps():
+    """With ``tail_z``, :func:`ep.site_correction_terms` returns the full evaluation at the points
+    the tail rule keeps (all points at once for small blocks, point by point for larger ones) and
+    ``-inf`` elsewhere; the kept points are the inner ones plus, per side, the outer ones up to the
+    first more than ``MARGINAL_TAIL_DROP`` below the highest log density."""
+    rng = np.random.default_rng(5)
+    n, k = 120, 4
+    mf, vf = rng.normal(0, 2, n), rng.uniform(0.05, 2.0, n)
+    y = rng.choice([-1.0, 1.0], n)
+    tp = rng.uniform(0.0, 0.9, n) * np.minimum(1.0 / vf, 2.0)
+    tn = rng.normal(0, 1, n)
+    Kmat = rng.normal(0, 0.3, (n, k)) * np.sqrt(vf)[:, None]
+    svar, mu = np.array([1.0, 0.5, 2.0, 1.0]), rng.normal(size=k)
+    z = ep.MARGINAL_Z
+    X = mu[:, None] + np.sqrt(svar)[:, None] * z[None, :]
+    full = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
+    lp = full - 0.5 * z * z
+    want = np.zeros(full.shape, bool)
+    inner = np.abs(z) <= ep.MARGINAL_INNER + 1e-12
+    for j in range(k):  # the rule, written out: both sides step in rounds against the round's top
+        want[j, inner] = True
+        ends = [np.flatnonzero(inner)[0], np.flatnonzero(inner)[-1]]
+        moved = True
+        while moved:
+            top, moved = lp[j, want[j]].max(), False
+            for i, side in enumerate((-1, 1)):
+                g = ends[i]
+                if 0 <= g + side < z.size and lp[j, g] - top > -ep.MARGINAL_TAIL_DROP:
+                    ends[i] = g + side
+                    want[j, g + side] = moved = True
+    # the rule drops points, and goes beyond the inner ones
+    assert (want.sum(axis=1) < z.size).any() and want.sum() > k * inner.sum()
+    small = ep.CORRECTION_SMALL
+    for limit in (small, 0):  # blocks evaluated at once, then point by point
+        try:
+            ep.CORRECTION_SMALL = limit
+            got = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=z)
+        finally:
+            ep.CORRECTION_SMALL = small
+        np.testing.assert_array_equal(np.isfinite(got), want)
+        np.testing.assert_allclose(got[want], full[want], rtol=1e-12, atol=1e-10)
+
+
+def test_tail_rule_moments_match_all_points():
+    """:func:`ep.corrected_marginals` with its tail rule against all 25 points (an explicit ``z``):
+    within 1e-4 sd; a rule that stops 1 nat below the top must miss by more."""
+    model, C = small_model(n=200, m=6, p=4, seed=3)
+    tau = model.prior_precision([0.8, 1.5])
+    res = ep.expectation_propagation(model, tau, tol=1e-10)
+    L = np.eye(model.qd)
+    a_mean, a_sd = ep.corrected_marginals(res, model, L, z=ep.MARGINAL_Z)
+    t_mean, t_sd = ep.corrected_marginals(res, model, L)
+    np.testing.assert_allclose(t_mean, a_mean, atol=1e-4 * a_sd.min())
+    np.testing.assert_allclose(t_sd, a_sd, rtol=1e-4)
+    drop = ep.MARGINAL_TAIL_DROP
+    inner = ep.MARGINAL_INNER
+    try:  # the broken variant
+        ep.MARGINAL_TAIL_DROP, ep.MARGINAL_INNER = 1.0, 0.6
+        b_mean, b_sd = ep.corrected_marginals(res, model, L)
+    finally:
+        ep.MARGINAL_TAIL_DROP, ep.MARGINAL_INNER = drop, inner
+    assert np.max(np.abs(b_sd / a_sd - 1)) > 1e-2
 
 @pytest.mark.slow
 def test_corrected_marginal_of_linear_combination_matches_dense_formula():
@@ -508,6 +573,28 @@ def test_fit_calibrated_structure_and_draws():
     again = ep.fit_calibrated(model, settings)
     np.testing.assert_array_equal(again["theta_draws"], out["theta_draws"])
 
+
+
+def test_draws_fold_the_map_and_the_correction_into_one_product():
+    """Without eliminated random effects :func:`ep.sample_grid` maps and shifts-and-scales the draws
+    through each point's factor: the same draws (same normals) as drawing on the fitted scale,
+    mapping by ``M`` and applying the change afterwards; and a fit's draws have its corrected
+    moments."""
+    model, _ = small_model(n=150, seed=6)
+    model = LinearSVMModel(model.Cd[:, :3], model.y, [], np.r_[1e-2, np.nan, np.nan])
+    grid = ep.integrate_variances(model)
+    assert grid.eta.shape[0] > 3
+    rng = np.random.default_rng(0)
+    M = np.eye(3) + 0.3 * rng.normal(size=(3, 3))
+    scale, center, to = rng.uniform(0.8, 1.2, 3), rng.normal(size=3), rng.normal(size=3)
+    folded = ep.sample_grid(grid, model, M, 3000, np.random.default_rng(1), scale=scale, center=center, to=to)[0]
+    plain = ep.sample_grid(grid, model, M, 3000, np.random.default_rng(1))[0]
+    np.testing.assert_allclose(folded, to + (plain - center) * scale, rtol=1e-10, atol=1e-12)
+    out = ep.fit_calibrated(model, {"draws": 4000, "chains": 2, "seed": 2})
+    draws = out["theta_draws"].reshape(-1, 3)
+    assert np.all(np.abs(draws.mean(0) - out["theta_mean"]) < 5 * np.sqrt(out["theta_var"] / draws.shape[0]))
+    np.testing.assert_allclose(draws.std(0), np.sqrt(out["theta_var"]), rtol=0.05)
+    assert np.max(np.abs(out["theta_mean"] - out["theta_mean_ep"]) / np.sqrt(out["theta_var"])) > 1e-3  # corrected
 
 def test_fixed_penalty_is_one_gaussian():
     model, _ = small_model(n=80, seed=6, penalty=False)

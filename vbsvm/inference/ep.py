@@ -960,6 +960,12 @@ def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=Non
 #: mass and the density has kinks, the rule is second order: mean 1.5e-4 sd and sd 0.3% off on a test case.)
 MARGINAL_Z = np.linspace(-7.2, 7.2, 25)
 
+#: The points of :data:`MARGINAL_Z` within this many EP sds of the mean are evaluated for every
+#: combination; beyond them a side grows outward one point at a time while its last point's log
+#: density is within :data:`MARGINAL_TAIL_DROP` of the highest (see :func:`corrected_marginals`).
+MARGINAL_INNER = 4.8
+MARGINAL_TAIL_DROP = 10.0
+
 
 def corrected_marginals(fit, model, L, z=None):
     r"""Mean and sd of the linear combinations ``L @ theta_dense`` with the factorized EP correction.
@@ -995,13 +1001,32 @@ def corrected_marginals(fit, model, L, z=None):
     Returns
     -------
     mean, sd : ndarray (k,)
+
+    Notes
+    -----
+    With the default points, those beyond :data:`MARGINAL_INNER` EP sds are evaluated only as far
+    as the density reaches: a side grows outward one point at a time while its last point's log
+    density is within :data:`MARGINAL_TAIL_DROP` nats of the highest so far (where the correction
+    adds no heavy tail, 17 of the 25 points). Against all 25 points this moved no corrected mean or
+    sd by more than 2.2e-5 sd (8e-5 relative for the sds) on spam, heart, toenail and two Section
+    4.2 simulations, at 30% less work. A combination's points are one pass over the rows when the
+    rows are kept elsewhere (a Dask frame's blocks): all 25 are evaluated there and the same rule
+    picks the points that count, so both give the same moments.
     """
+    tail = z is None
     z = MARGINAL_Z if z is None else np.asarray(z, dtype=float)
     mu = L @ fit.mean[: model.qd]
     # diag(L S L^T) by BLAS: a 3-operand einsum runs O(k q^2) in C loops (slow at large q)
     svar = np.sum((L @ fit.post.cov_dense()) * L, axis=1)
     sd = np.sqrt(np.maximum(svar, 0.0))
-    lp = -0.5 * z * z + log_site_corrections(fit, model, L, mu[:, None] + sd[:, None] * z[None, :])
+    X = mu[:, None] + sd[:, None] * z[None, :]
+    if not tail:
+        c = log_site_corrections(fit, model, L, X)
+    elif getattr(model, "ep_rows", None) is not None:  # all points in one pass over the rows
+        c = _tail_points(log_site_corrections(fit, model, L, X), z)
+    else:
+        c = log_site_corrections(fit, model, L, X, tail_z=z)
+    lp = -0.5 * z * z + c
     w = np.exp(lp - lp.max(axis=1, keepdims=True))
     w /= w.sum(axis=1, keepdims=True)
     zm = w @ z
@@ -1033,7 +1058,7 @@ def log_site_ratios(fit, model, a, b):
     return log_k + log_z
 
 
-def log_site_corrections(fit, model, L, X):
+def log_site_corrections(fit, model, L, X, tail_z=None):
     r"""``log prod_i E_{q(f_i | x)}[t_i(f_i) / \tilde t_i(f_i)]`` (the factorized correction of
     :func:`corrected_marginals`) for each combination ``x = l_k^T theta_dense`` at the points
     ``X[k]``, an array (k, G); 0 where the combination has no variance under q.
@@ -1041,7 +1066,8 @@ def log_site_corrections(fit, model, L, X):
     :func:`log_site_ratios` with its terms arranged for the points of one combination: the mean
     ``a`` of ``q(f_i | x)`` is affine in ``x`` and its variance ``b`` does not depend on it, so
     every per-row factor is formed once and each point costs two ``erfcx``, a ``log`` and a few
-    fused products."""
+    fused products. ``tail_z`` (G,): the points in EP sds, to evaluate only those the tail rule of
+    :func:`corrected_marginals` keeps (``-inf`` at the others; rows held in memory only)."""
     SL = fit.post.cov_dense() @ L.T  # (qd, k)
     mu = L @ fit.mean[: model.qd]
     svar = np.einsum("kj,jk->k", L, SL)
@@ -1051,7 +1077,39 @@ def log_site_corrections(fit, model, L, X):
     Kmat = score_covariances(fit, model, L, SL)  # k_i for every row and combination
     mf, vf = fit.post.linear_predictor()
     n = model.n
-    return site_correction_terms(Kmat, mf, vf, model.y, fit.site_prec[:n], fit.site_shift[:n], mu, svar, X)
+    return site_correction_terms(Kmat, mf, vf, model.y, fit.site_prec[:n], fit.site_shift[:n], mu, svar, X,
+                                 tail_z=tail_z)
+
+
+def _tail_points(c, z, evaluate=None):
+    """The corrections ``c`` (k, G) at the points the tail rule of :func:`corrected_marginals` keeps
+    and ``-inf`` at the others: the points within :data:`MARGINAL_INNER` of the mean and, per side,
+    the outer ones up to the first whose log density ``c - z^2/2`` is :data:`MARGINAL_TAIL_DROP`
+    below the highest so far. With ``evaluate``, ``c`` is filled as the rule goes:
+    ``evaluate(combinations, columns)`` returns the corrections at ``columns`` (an integer array
+    (len(combinations), g), a row of columns per combination)."""
+    k, G = c.shape
+    inner = np.flatnonzero(np.abs(z) <= MARGINAL_INNER + 1e-12)
+    rows = np.arange(k)
+    if evaluate is not None:
+        c[:, inner] = evaluate(rows, np.broadcast_to(inner, (k, inner.size)))
+    out = np.full((k, G), -np.inf)
+    out[:, inner] = c[:, inner]
+    lp = out - 0.5 * z * z
+    ends = np.array([np.full(k, inner[0]), np.full(k, inner[-1])])  # (side, combination)
+    step = np.array([-1, 1])[:, None]
+    while True:
+        nxt = ends + step
+        grow = (nxt >= 0) & (nxt < G) & (lp[rows, ends] - lp.max(axis=1) > -MARGINAL_TAIL_DROP)
+        side, ks = np.nonzero(grow)
+        if not ks.size:
+            return out
+        cols = nxt[side, ks]
+        if evaluate is not None:  # both sides of every growing combination in one call
+            c[ks, cols] = evaluate(ks, cols[:, None])[:, 0]
+        out[ks, cols] = c[ks, cols]
+        lp[ks, cols] = out[ks, cols] - 0.5 * z[cols] ** 2
+        ends[side, ks] = cols
 
 
 #: Elements of the (combinations, rows, points) arrays :func:`site_correction_terms` forms at once
@@ -1062,10 +1120,15 @@ CORRECTION_BLOCK = 1 << 16
 #: clipped to ``[-c - 2 s, c]`` with ``c`` this value (``erfcx`` overflows beyond ``c / sqrt(2)``)
 #: and continues it by its asymptotes there (0 above, linear in ``u`` below), exact to double precision.
 CORRECTION_CLIP = 37.0
+
+#: Blocks of at most this many (combination, row) pairs evaluate all points and then select those
+#: :func:`_tail_points` keeps: the rule's rounds cost more than the points they skip (1.1 ms
+#: against 0.8 ms for 11 combinations of 100 rows).
+CORRECTION_SMALL = 2000
 ROOT_HALF = np.sqrt(0.5)
 
 
-def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X):
+def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
     r"""The rows' sum of :func:`log_site_corrections` for rows with score covariances ``Kmat``
     (rows, k), EP score moments ``mf``, ``vf``, labels ``y`` and sites ``tp``, ``tn``, given each
     combination's EP mean ``mu`` and variance ``svar``; an array (k, G). Vectorized over
@@ -1086,6 +1149,8 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X):
     (the same values to about 1e-14 relative; a third of the time). Beyond the clip
     :data:`CORRECTION_CLIP` the value continues by the asymptotes: 0 for large ``u``
     (:math:`\Phi(u) = 1`), and :math:`2s u + 2s^2`, linear in ``u``, for ``u + 2s`` very negative.
+    With ``tail_z`` (the points in EP sds), only the points :func:`_tail_points` keeps are
+    evaluated, from the same per-row factors, and the others are ``-inf``.
     """
     out = np.zeros(X.shape)
     live = np.flatnonzero(svar > 0)  # combinations without variance under q keep 0
@@ -1105,15 +1170,28 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X):
         # the tilted normalizer of N(ap, bp), ap = (a - b tn) / one, bp = b / one, at u = (y ap - 1) / s
         s = np.sqrt(np.maximum(b / one, 1e-300))
         with np.errstate(all="ignore"):
-            u = ((y * (mf - b * tn) / one - 1.0) / s)[:, :, None] + (y * kappa / (one * s))[:, :, None] * dx[:, None, :]
-            lo = (-CORRECTION_CLIP - 2.0 * s)[:, :, None]
-            uc = np.clip(u, lo, CORRECTION_CLIP)
-            e = erfcx(uc * -ROOT_HALF)
-            e += erfcx((uc + 2.0 * s[:, :, None]) * ROOT_HALF)
-            log_z = np.log(e)
-            log_z -= 0.5 * uc * uc
-            log_z += (2.0 * s)[:, :, None] * np.minimum(u - lo, 0.0)
-        out[ks] = k0[:, None] + k1[:, None] * dx + k2[:, None] * (dx * dx) + log_z.sum(1) + n * np.log(0.5)
+            u0 = (y * (mf - b * tn) / one - 1.0) / s
+            du = y * kappa / (one * s)
+
+        def at(j, cols=None, k0=k0, k1=k1, k2=k2, s=s, u0=u0, du=du, dx=dx):
+            d = dx[j] if cols is None else np.take_along_axis(dx[j], cols, axis=1)
+            with np.errstate(all="ignore"):
+                u = u0[j][:, :, None] + du[j][:, :, None] * d[:, None, :]
+                lo = (-CORRECTION_CLIP - 2.0 * s[j])[:, :, None]
+                uc = np.clip(u, lo, CORRECTION_CLIP)
+                e = erfcx(uc * -ROOT_HALF)
+                e += erfcx((uc + 2.0 * s[j][:, :, None]) * ROOT_HALF)
+                log_z = np.log(e)
+                log_z -= 0.5 * uc * uc
+                log_z += (2.0 * s[j])[:, :, None] * np.minimum(u - lo, 0.0)
+            return k0[j, None] + k1[j, None] * d + k2[j, None] * (d * d) + log_z.sum(1) + n * np.log(0.5)
+
+        if tail_z is None:
+            out[ks] = at(slice(None))
+        elif ks.size * n <= CORRECTION_SMALL:  # all points at once: cheaper than the rule's rounds
+            out[ks] = _tail_points(at(slice(None)), tail_z)
+        else:
+            out[ks] = _tail_points(np.full((ks.size, G), np.nan), tail_z, at)
     return out
 
 
@@ -1211,8 +1289,9 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
         s2_mean, s2_sd = grid.sigma2_moments()
         chains, draws = int(settings.get("chains", 4)), int(settings.get("draws", 1000))
         seed = settings.get("draw_seed", settings.get("seed"))
-        theta_draws, sigma2_draws, cov_draws = sample_grid(grid, model, M, chains * draws,
-                                                           np.random.default_rng(seed))
+        qd = model.qd
+        ratio, u_ratio = np.ones(qd), None
+        base = mean.copy()  # the mixture's mean before the corrections, which the draws scale around
         if correct:
             # corrected marginals at the grid's heaviest point, carried to the mixture as a shift
             # and a scale of each dense coordinate (correlations and the random intercepts kept)
@@ -1223,8 +1302,6 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
             e_sd = np.sqrt(np.sum((M @ top.post.cov_dense()) * M, axis=1))
             shift = c_mean - e_mean
             ratio = np.where(e_sd > 0, c_sd / np.where(e_sd > 0, e_sd, 1.0), 1.0)
-            qd = model.qd
-            theta_draws[:, :qd] = mean[:qd] + shift + (theta_draws[:, :qd] - mean[:qd]) * ratio
             mean[:qd] += shift
             cov_d = cov_d * np.outer(ratio, ratio)
             cov_ds = cov_ds * ratio[:, None]
@@ -1234,10 +1311,16 @@ def fit_calibrated(model, settings=None, M=None) -> dict:
                 e_var = top.diag_cov[qd:]
                 u_shift = u_mean - top.mean[qd:]
                 u_ratio = np.sqrt(np.where(e_var > 0, u_var / np.where(e_var > 0, e_var, 1.0), 1.0))
-                theta_draws[:, qd:] = mean[qd:] + u_shift + (theta_draws[:, qd:] - mean[qd:]) * u_ratio
                 mean[qd:] += u_shift
                 var[qd:] *= u_ratio ** 2
                 cov_ds = cov_ds * u_ratio[None, :]
+        # draws of the corrected mixture: each coordinate's draws of the EP mixture, shifted and
+        # scaled about its mean as the moments above
+        theta_draws, sigma2_draws, cov_draws = sample_grid(grid, model, M, chains * draws,
+                                                           np.random.default_rng(seed),
+                                                           scale=ratio, center=base[:qd], to=mean[:qd])
+        if u_ratio is not None:
+            theta_draws[:, qd:] = mean[qd:] + (theta_draws[:, qd:] - base[qd:]) * u_ratio
     shape, scale = inverse_gamma_match(s2_mean, s2_sd)
     K = grid.n_log_variances
     extra = {}
@@ -1296,20 +1379,33 @@ def inverse_gamma_match(mean, sd):
     return shape, mean * (shape - 1.0)
 
 
-def sample_grid(grid, model, M, size, rng):
+def sample_grid(grid, model, M, size, rng, scale=None, center=None, to=None):
     """``size`` iid joint draws of (theta, sigma2, covariances) from the grid mixture.
 
     A grid point is drawn by its weight, theta from its EP Gaussian (dense part mapped by ``M``)
     and ``eta`` by :meth:`GridPosterior.sample_eta`: ``sigma2 = exp(eta)`` of the log variances and each
     covariance from its log-Cholesky coordinates, flattened and concatenated (size, sum q^2).
+    With ``scale``, ``center`` and ``to`` (qd,), the mapped dense draws ``t`` are returned as
+    ``to + (t - center) * scale``; without eliminated random effects the map and this affine
+    change are folded into each point's factor, one product a draw.
     """
     G = grid.eta.shape[0]
+    qd = model.qd
     which = rng.choice(G, size=size, p=grid.weights)
     theta = np.empty((size, model.q))
+    fold = scale is not None and not model.m_sparse
+    B = M.T * scale if fold else None  # M' diag(scale)
     for g in np.unique(which):
         rows = np.flatnonzero(which == g)
-        theta[rows] = _sample_gaussian(grid.fits[g].post, rows.size, rng)
-    theta[:, : model.qd] = theta[:, : model.qd] @ M.T
+        post = grid.fits[g].post
+        if fold:
+            theta[rows] = post.sample_dense_mapped(rows.size, rng, B, to - center * scale)
+        else:
+            theta[rows] = _sample_gaussian(post, rows.size, rng)
+    if not fold:
+        theta[:, :qd] = theta[:, :qd] @ M.T
+        if scale is not None:
+            theta[:, :qd] = to + (theta[:, :qd] - center) * scale
     eta = grid.sample_eta(which, rng)
     return theta, np.exp(eta[:, :grid.n_log_variances]), grid.flat_covariances(eta)
 

@@ -310,6 +310,11 @@ class CoefficientPosterior:
         sparse = self.Dinv_br[None] - np.einsum("lkd,sd->slk", self.GDb, dense) + noise
         return np.hstack([dense, sparse.reshape(size, m * qs)])
 
+    def sample_dense_mapped(self, size, rng, B, offset) -> np.ndarray:
+        """``size`` draws of ``offset + theta_dense @ B`` (a model without eliminated random
+        effects): the normals of :meth:`sample_many` times the factor mapped by ``B``, one product."""
+        return (offset + self.mean_dense @ B) + rng.standard_normal((size, self.model.qd)) @ (self.Linv @ B)
+
     def _eliminate(self, A, bd, G, br):
         """Eliminate the random effects (factor ``self.LDinv`` of their blocks ``D_l``, coupling ``G``
         (m, qs, qd), shifts ``br``) from the precision ``A`` and shift ``bd``: ``(S, h)`` of the dense
@@ -457,6 +462,9 @@ class WoodburyPosterior(CoefficientPosterior):
 
     def sample_many(self, size, rng) -> np.ndarray:
         return np.array([self.sample(rng) for _ in range(size)])
+
+    def sample_dense_mapped(self, size, rng, B, offset) -> np.ndarray:
+        return offset + self.sample_many(size, rng) @ B
 
     def sample(self, rng) -> np.ndarray:
         from scipy.linalg import solve_triangular

@@ -7,7 +7,7 @@ import numpy as np
 
 from vbsvm.distributions import InverseWishart
 from vbsvm.models import hinge
-from vbsvm.models.linear_algebra import LOG_2PI, CoefficientPosterior
+from vbsvm.models.linear_algebra import LOG_2PI, WorkingGram
 from vbsvm.spd import pack_spd, unpack_spd
 
 
@@ -80,10 +80,12 @@ class LinearVB:
         Aq = self.A + sizes / 2.0
         tau = self.prior_precision(Aq / Bq)
         blocks = self.prior_blocks([qc.mean_inv() for qc in q_cov])
-        if gram is None:
+        if gram is None and (blocks or not self.woodbury_applies(tau)):
+            gram = WorkingGram(self, w, hinge.working_response(self.y, w))
+        if gram is None:  # fewer rows than coefficients: the n x n Woodbury systems
             post = self.coefficient_posterior(w, tau, blocks)
-        else:
-            post = CoefficientPosterior(self, None, tau, None, blocks=blocks, gram=gram)
+        else:  # the weights' statistics, factorized as EP's sites' (the inverse factor by dtrtri)
+            post = self.site_gaussian(tau, gram, blocks)
         mean = post.mean
         dcov = post.diag_cov()
         q_var = self.variance_posterior(self.second_moments(mean, dcov))
