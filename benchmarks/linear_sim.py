@@ -68,13 +68,19 @@ def ber(y_true, y_pred) -> float:
 
 VB_METHOD = "vb"
 
+#: The fixed penalty fitted, beside ``penalty="auto"``, to the training sets the package finds
+#: linearly separable: what its separation warning advises. There the inferred penalty's posterior
+#: has the heavy tail of its IG(0.01, 0.01) prior, the coefficients' posterior means do not exist,
+#: and Gibbs' bar is read with this fixed penalty (``gibbs_defaults.md``, ``sim500x100_penalty1``).
+SEPARABLE_PENALTY = 1.0
 
-def fit_vb(train, test, method="vb"):
+
+def fit_vb(train, test, method="vb", penalty="auto"):
     from vbsvm.inference.ep_sites import DataPasses
 
     passes = DataPasses.count
     t0, c0 = time.perf_counter(), time.process_time()
-    fit = vbsvm.svm("y ~ .", data=train, method=method)
+    fit = vbsvm.svm("y ~ .", data=train, method=method, penalty=penalty)
     sec, cpu = time.perf_counter() - t0, time.process_time() - c0
     info = fit.info
     out = {"ber": ber(test["y"], fit.predict(test).to_numpy()), "seconds": sec, "cpu_seconds": cpu,
@@ -122,7 +128,7 @@ def run(ns, ds, reps, gibbs, progress=True, meanfield=True):
     cells = []
     for n in ns:
         for d in ds:
-            rows = {"vb": [], "gibbs": [], "svc_grid": [], "meanfield": []}
+            rows = {"vb": [], "gibbs": [], "svc_grid": [], "meanfield": [], "vb_fixed": []}
             for r in range(reps):
                 seed = 1000 * n + 10 * d + r
                 train, test = vbsvm.datasets.simulate_luts(n, d, seed=seed, n_test=1000)
@@ -130,6 +136,8 @@ def run(ns, ds, reps, gibbs, progress=True, meanfield=True):
                     warnings.simplefilter("ignore", ConvergenceWarning)
                     warnings.simplefilter("ignore", DiagnosticWarning)
                     rows["vb"].append(fit_vb(train, test, VB_METHOD))
+                    if rows["vb"][-1]["separable"]:  # as the separation warning advises
+                        rows["vb_fixed"].append(dict(fit_vb(train, test, VB_METHOD, SEPARABLE_PENALTY), replicate=r))
                     if meanfield and VB_METHOD != "meanfield":
                         rows["meanfield"].append(fit_vb(train, test, "meanfield"))
                     if gibbs["draws"] > 0:
@@ -151,6 +159,13 @@ def run(ns, ds, reps, gibbs, progress=True, meanfield=True):
             if rows["meanfield"]:
                 cell["speedup_meanfield_vs_grid"] = cell["svc_grid_seconds"] / cell["meanfield_seconds"]
                 cell["speedup_meanfield_vs_grid_cpu"] = cell["svc_grid_cpu_seconds"] / cell["meanfield_cpu_seconds"]
+            # the reading on separable training sets: the fit with the fixed penalty the warning advises
+            fixed = {x["replicate"]: x for x in rows["vb_fixed"]}
+            read = [fixed.get(r, x) for r, x in enumerate(rows["vb"])]
+            cell["read_seconds"] = float(np.mean([x["seconds"] for x in read]))
+            cell["read_ber"] = float(np.mean([x["ber"] for x in read]))
+            cell["speedup_read_vs_grid"] = cell["svc_grid_seconds"] / cell["read_seconds"]
+            cell["ber_read_minus_grid"] = cell["read_ber"] - cell["svc_grid_ber"]
             cell["speedup_vs_grid"] = cell["svc_grid_seconds"] / cell["vb_seconds"]
             cell["speedup_vs_grid_cpu"] = cell["svc_grid_cpu_seconds"] / cell["vb_cpu_seconds"]
             cell["ber_vb_minus_grid"] = cell["vb_ber"] - cell["svc_grid_ber"]
@@ -172,14 +187,22 @@ def passes(c) -> bool:
     return c["speedup_vs_grid"] >= 10 and c["ber_vb_minus_grid"] <= 0.01
 
 
+def passes_read(c) -> bool:
+    """:func:`passes` with the separable training sets fitted at :data:`SEPARABLE_PENALTY`."""
+    return c["speedup_read_vs_grid"] >= 10 and c["ber_read_minus_grid"] <= 0.01
+
+
 def table(cells) -> str:
     has_gibbs = "gibbs_ber" in cells[0]
     has_mf = "meanfield_seconds" in cells[0]
     has_ep = "vb_data_passes" in cells[0]
+    has_read = "speedup_read_vs_grid" in cells[0]
     head = ("|   n |   d | separable | BER vb | BER grid | " + ("BER gibbs | " if has_gibbs else "")
             + "vb s | vb engine s | sweeps | " + ("EP runs | grid points | passes | " if has_ep else "")
             + "grid s | " + ("gibbs s | " if has_gibbs else "") + ("meanfield s | " if has_mf else "")
-            + "grid/vb | grid/vb CPU | " + ("grid/meanfield | " if has_mf else "") + "BER vb-grid | pass |")
+            + "grid/vb | grid/vb CPU | " + ("grid/meanfield | " if has_mf else "") + "BER vb-grid | pass |"
+            + (f" grid/vb, separable at penalty={SEPARABLE_PENALTY:g} | BER vb-grid, same | pass, same |"
+               if has_read else ""))
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in cells:
         ok = passes(c)
@@ -194,7 +217,9 @@ def table(cells) -> str:
             + f"{c['speedup_vs_grid']:.1f} | {c['speedup_vs_grid_cpu']:.1f} | "
             + (f"{c['speedup_meanfield_vs_grid']:.1f} | " if has_mf else "")
             + f"{c['ber_vb_minus_grid']:+.4f} | "
-            + f"{'yes' if ok else 'NO'} |")
+            + f"{'yes' if ok else 'NO'} |"
+            + (f" {c['speedup_read_vs_grid']:.1f} | {c['ber_read_minus_grid']:+.4f} | "
+               f"{'yes' if passes_read(c) else 'NO'} |" if has_read else ""))
     return "\n".join(lines)
 
 
@@ -211,6 +236,12 @@ def report(cells, reps, gibbs, threads, total) -> bool:
           f"{'PASS' if passed else 'FAIL'} — {fast}/{len(cells)} cells >= 10x faster, "
           f"{sum(c['ber_vb_minus_grid'] <= 0.01 for c in cells)}/{len(cells)} not worse by > 0.01 "
           f"({close}/{len(cells)} within +-0.01). Total {total:.0f} s.")
+    if "speedup_read_vs_grid" not in cells[0]:
+        return passed
+    read = sum(passes_read(c) for c in cells)
+    print(f"With the separable training sets fitted at penalty={SEPARABLE_PENALTY:g} (as the separation warning "
+          f"advises; the reading of Gibbs' bar there): {'PASS' if read == len(cells) else 'FAIL'} — "
+          f"{read}/{len(cells)} cells >= 10x faster with BER at most 0.01 above the grid's.")
     return passed
 
 
@@ -258,6 +289,8 @@ def main(argv=None):
             "svc_grid": "GridSearchCV(LinearSVC(), C=logspace(-3,3,20), cv=5, scoring=balanced_accuracy)",
             "blas_threads": args.threads, "python": platform.python_version(), "machine": platform.machine(),
             "vbsvm": vbsvm.__version__, "total_seconds": total, "acceptance_pass": passed,
+            "acceptance_pass_separable_fixed_penalty": all(passes_read(c) for c in cells),
+            "separable_penalty": SEPARABLE_PENALTY,
             "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0]}
     out.write_text(json.dumps({"meta": meta, "cells": cells}, indent=1))
     print(f"Wrote {out}.")

@@ -1178,13 +1178,16 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
             d = dx[j] if cols is None else np.take_along_axis(dx[j], cols, axis=1)
             with np.errstate(all="ignore"):
                 u = u0[j][:, :, None] + du[j][:, :, None] * d[:, None, :]
+                # within [-c, c] (s >= 0) nothing is clipped: the clip and the asymptote skipped
+                inside = u.min() >= -CORRECTION_CLIP and u.max() <= CORRECTION_CLIP
                 lo = (-CORRECTION_CLIP - 2.0 * s[j])[:, :, None]
-                uc = np.clip(u, lo, CORRECTION_CLIP)
+                uc = u if inside else np.clip(u, lo, CORRECTION_CLIP)
                 e = erfcx(uc * -ROOT_HALF)
                 e += erfcx((uc + 2.0 * s[j][:, :, None]) * ROOT_HALF)
                 log_z = np.log(e)
                 log_z -= 0.5 * uc * uc
-                log_z += (2.0 * s[j])[:, :, None] * np.minimum(u - lo, 0.0)
+                if not inside:
+                    log_z += (2.0 * s[j])[:, :, None] * np.minimum(u - lo, 0.0)
             return k0[j, None] + k1[j, None] * d + k2[j, None] * (d * d) + log_z.sum(1) + n * np.log(0.5)
 
         if tail_z is None:
