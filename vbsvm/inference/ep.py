@@ -958,6 +958,8 @@ def _ccd_posterior(ev, mode, H, axes, n_newton, start, warn_unconverged, run=Non
 #: sds) on heart, toenail and the Section 4.2 simulations n=100/500, d=50, and cut the whole
 #: ``method="vb"`` fit's CPU time by 10-35%. (With one coefficient, where q(f_i | x) is a point
 #: mass and the density has kinks, the rule is second order: mean 1.5e-4 sd and sd 0.3% off on a test case.)
+#: On spam, whose corrected densities have cliffs, they are 0.041 sd off a 91-point rule on [-9, 9]
+#: in a mean (1.9% in an sd); spacing 0.8 would be 0.12 sd off.
 MARGINAL_Z = np.linspace(-7.2, 7.2, 25)
 
 #: The points of :data:`MARGINAL_Z` within this many EP sds of the mean are evaluated for every
