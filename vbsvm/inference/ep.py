@@ -1182,7 +1182,8 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
                 u = u0[j][:, :, None] + du[j][:, :, None] * d[:, None, :]
                 # within [-c, c] (s >= 0) nothing is clipped: the clip and the asymptote skipped
                 inside = u.min() >= -CORRECTION_CLIP and u.max() <= CORRECTION_CLIP
-                lo = (-CORRECTION_CLIP - 2.0 * s[j])[:, :, None]
+                if not inside:
+                    lo = (-CORRECTION_CLIP - 2.0 * s[j])[:, :, None]
                 uc = u if inside else np.clip(u, lo, CORRECTION_CLIP)
                 e = erfcx(uc * -ROOT_HALF)
                 e += erfcx((uc + 2.0 * s[j][:, :, None]) * ROOT_HALF)
