@@ -314,7 +314,12 @@ def test_site_correction_terms_match_the_tilted_normalizer_at_every_margin():
     svar = np.array([1.0, 0.5, 2.0])
     mu = rng.normal(size=k)
     X = mu[:, None] + np.sqrt(svar)[:, None] * ep.MARGINAL_Z[None, :]
-    got = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
+    taylor = ep.CORRECTION_TAYLOR
+    try:  # every pair point by point (the Taylor sums have their own test)
+        ep.CORRECTION_TAYLOR = 0.0
+        got = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
+    finally:
+        ep.CORRECTION_TAYLOR = taylor
     want = np.zeros((k, G))
     for j in range(k):  # the row-by-row transcription of log_site_ratios
         kap = Kmat[:, j] / svar[j]
@@ -329,12 +334,62 @@ def test_site_correction_terms_match_the_tilted_normalizer_at_every_margin():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
     clip = ep.CORRECTION_CLIP
     try:  # the broken variant: a clip where the asymptotes do not hold yet
-        ep.CORRECTION_CLIP = 3.0
+        ep.CORRECTION_CLIP, ep.CORRECTION_TAYLOR = 3.0, 0.0
         broken = ep.site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X)
     finally:
-        ep.CORRECTION_CLIP = clip
+        ep.CORRECTION_CLIP, ep.CORRECTION_TAYLOR = clip, taylor
     assert np.max(np.abs(broken - want)) > 1e-3
 
+
+def test_taylor_terms_are_the_derivatives_of_the_tilted_log_normalizer():
+    """:func:`ep._taylor_terms` against ``log Z`` of :func:`ep_sites.tilted_log_normalizer` along
+    the margin: the polynomial's error falls as the fifth power of the step (degree 4), at margins
+    inside, at and beyond the hinge and at scales below and above 1/2."""
+    u0 = np.array([-6.0, -2.0, -0.5, 0.0, 0.7, 3.0, 9.0, -4.0, 1.5])
+    s = np.array([0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 2.0, 4.0])
+    du = np.ones_like(u0)
+    coef = ep._taylor_terms(u0, s, du)
+
+    def log_z(u):  # the normalizer of N(m, s^2) with m = 1 + s u (y = 1), minus log(1/2)
+        return ep_sites.tilted_log_normalizer(np.ones_like(u), 1.0 + s * u, s * s) - np.log(0.5)
+
+    errors = []
+    for h in (0.2, 0.1):
+        poly = sum(coef[p] * h ** p for p in range(5))
+        errors.append(np.abs(poly - log_z(u0 + h)))
+    assert np.all(errors[0] < 1e-3)
+    big = errors[0] > 1e-11  # above rounding: the remainder's order
+    assert big.sum() >= 5 and np.all(np.abs(np.log2(errors[0][big] / errors[1][big]) - 5.0) < 0.6)
+
+
+def test_corrections_sum_smooth_pairs_as_their_taylor_polynomials():
+    """The corrected marginals with the smooth (combination, row) pairs summed as polynomials
+    against every pair point by point, on a Section 4.2 simulation: the same means and sds to
+    2e-5 sd, the log corrections within 1e-4 nats over the central +-2.4 sds (the polynomials'
+    remainder grows as the fifth power of the distance, out where the density is e^-26); with the
+    polynomials taken far beyond their range they are not."""
+    train = simulate_luts(300, 10, seed=8, n_test=10)[0]
+    X = np.column_stack([np.ones(300), train.drop(columns="y").to_numpy()])
+    model = LinearSVMModel(X, train["y"].to_numpy(float), [], np.r_[1e-8, np.full(10, 1.0)])
+    fit = ep.expectation_propagation(model, model.prior_precision(np.ones(1)), tol=1e-8)
+    L = np.eye(model.qd)
+    z = ep.MARGINAL_Z
+    mu, sd = L @ fit.mean, np.sqrt(np.diag(fit.post.cov_dense()))
+
+    def at(bound):
+        taylor = ep.CORRECTION_TAYLOR
+        try:
+            ep.CORRECTION_TAYLOR = bound
+            c = ep.log_site_corrections(fit, model, L, mu[:, None] + sd[:, None] * z[None, :])
+            return c, ep.corrected_marginals(fit, model, L)
+        finally:
+            ep.CORRECTION_TAYLOR = taylor
+
+    (c0, (m0, s0)), (c1, (m1, s1)), (c2, (m2, s2)) = at(0.0), at(ep.CORRECTION_TAYLOR), at(6.0)
+    gap = (c1 - c0) - (c1 - c0)[:, [12]]  # up to a constant per combination, which cancels
+    assert np.max(np.abs(gap[:, 8:17])) < 1e-4
+    assert np.max(np.abs(m1 - m0) / s0) < 2e-5 and np.max(np.abs(s1 / s0 - 1.0)) < 2e-5
+    assert max(np.max(np.abs(m2 - m0) / s0), np.max(np.abs(s2 / s0 - 1.0))) > 1e-3
 
 
 def test_tail_rule_evaluates_only_the_points_it_keeps():
@@ -845,3 +900,37 @@ def test_the_corrections_read_the_heaviest_converged_point_that_kept_its_sites()
     runs[0].site_prec = None
     assert ep.heaviest_point(runs, [0.0, 1.0, 2.0]) == 1  # the unconverged edge is heavier
     assert ep.heaviest_point(runs[:1] + [_Run(False)], [3.0, 1.0]) == 1  # the only one with sites
+
+
+def test_tail_points_use_frozen_sites_where_their_weight_makes_the_error_negligible(monkeypatch):
+    """A few hundred rows: frozen sites are too far off near the best, but a point far down the
+    tail weighs e^-drop of the best, so its errors count that much less; the tail rule freezes only
+    such points (some of them), saves passes over the rows and moves no moment of the mixture by
+    more than 2e-3 sd; frozen far beyond that share (0.1 instead of 1e-3) it would."""
+    from vbsvm.datasets import simulate_luts
+    from vbsvm.inference import ep_variance_grid
+
+    train = simulate_luts(500, 20, seed=3, n_test=10)[0]
+    X = np.column_stack([np.ones(500), train.drop(columns="y").to_numpy()])
+    X[:, 1:] = (X[:, 1:] - X[:, 1:].mean(0)) / X[:, 1:].std(0)
+    model = LinearSVMModel(X, train["y"].to_numpy(float), [], np.r_[1e-8, np.full(20, np.nan)])
+    identity = np.eye(model.qd)
+
+    def run(share):
+        monkeypatch.setattr(ep_variance_grid, "FROZEN_TAIL_SHARE", share)
+        before = ep_sites.DataPasses.count
+        grid = ep.integrate_variances(model, tol=1e-4)
+        return grid, ep_sites.DataPasses.count - before, ep._moments(grid, model, identity)
+
+    share = ep_variance_grid.FROZEN_TAIL_SHARE
+    plain, plain_passes, (m0, v0, *_) = run(0.0)
+    tail, tail_passes, (m1, v1, *_) = run(share)
+    frozen = [g for g, f in enumerate(tail.fits) if getattr(f, "frozen", False)]
+    assert len(frozen) >= plain.info["n_frozen"] + 2 and tail_passes < plain_passes
+    # beyond the points the plain rule freezes, only those more than 3 below the best
+    near = tail.log_density[frozen] > tail.log_density.max() - 3.0
+    assert near.sum() <= plain.info["n_frozen"]
+    sd = np.sqrt(v0)
+    assert np.max(np.abs(m1 - m0) / sd) < 2e-3 and np.max(np.abs(np.sqrt(v1) / sd - 1.0)) < 2e-3
+    _, _, (m2, v2, *_) = run(0.1)
+    assert max(np.max(np.abs(m2 - m0) / sd), np.max(np.abs(np.sqrt(v2) / sd - 1.0))) > 2e-3

@@ -1,5 +1,6 @@
 """The training rows' score moments that fit the probability scale (``Fit.training_score``) are
-exactly those of ``predict_score`` on the training frame, for every kind of linear fit."""
+those of ``predict_score`` on the training frame, for every kind of linear fit: the same numbers
+(to rounding where the fixed-effect design's own rows are mapped back to the original scale)."""
 
 import warnings
 
@@ -31,10 +32,10 @@ def test_training_score_is_predict_score_on_the_training_frame(kind, fit):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         expected = fit.predict_score(fit.design.raw, new_levels="zero")
-    mean, sd = fit.training_score()
-    assert np.array_equal(mean, expected["mean"].to_numpy(), equal_nan=True), kind
-    assert np.array_equal(sd, expected["sd"].to_numpy(), equal_nan=True), kind
     block = fit.predict_score(fit.design.raw.iloc[37:74], new_levels="zero")
-    mean, sd = fit.training_score(slice(37, 74))
-    assert np.array_equal(mean, block["mean"].to_numpy(), equal_nan=True), kind
-    assert np.array_equal(sd, block["sd"].to_numpy(), equal_nan=True), kind
+    for got, want in ((fit.training_score(), expected), (fit.training_score(slice(37, 74)), block)):
+        for value, column in zip(got, ("mean", "sd")):
+            want_col = want[column].to_numpy()
+            scale = np.nanmax(np.abs(want_col)) if np.isfinite(want_col).any() else 1.0
+            np.testing.assert_allclose(value, want_col, rtol=1e-12, atol=1e-12 * scale, equal_nan=True,
+                                       err_msg=f"{kind} {column}")

@@ -736,8 +736,15 @@ def _integrate(ev, model, start, *, dz, drop, max_points, mode_sd_tol, warn_unco
         # where the density is flat (nearly separable data: sds of 5-10 in eta)
         mode, lp_mode, grad_mode, res_mode, H, n_newton = find_mode(evaluate, K, np.zeros(K),
                                                                     max_iter=LINE_NEWTON if K == 1 else 40)
-        for _, res in evaluate.anchors:  # only the mode's sites warm-start what follows
-            if res is not res_mode:
+        # only the mode's sites warm-start what follows, and with one variance also those of the
+        # converged run nearest to it: the walk's first step scales the sites by the rates between
+        # the two (:meth:`PointEvaluator.warm_start`) rather than starting from the mode's alone
+        keep = [res_mode]
+        others = [a for a in evaluate.anchors if a[1] is not res_mode and a[1].converged]
+        if K == 1 and others:
+            keep.append(min(others, key=lambda a: float(np.linalg.norm(a[0] - mode)))[1])
+        for _, res in evaluate.anchors:
+            if all(res is not k for k in keep):
                 res.release_sites()
         if K == 1 and strategy != "ccd":
             # the curvature of the mode search (the frozen sites' corrected by EP's secants): an
@@ -875,8 +882,8 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     lo, hi = cell_edges(eta[:, 0])
     log_w = lp + np.log(hi - lo)
     heaviest = heaviest_point(fits, log_w)
-    for g, f in enumerate(fits):  # as on the lattice, only the heaviest point keeps its sites
-        if g != heaviest:
+    for _, f in evaluate.anchors + [(None, f) for f in fits]:  # as on the lattice, only the heaviest
+        if f is not fits[heaviest]:                             # point keeps its sites
             f.release_sites()
     info = _run_info(ev, n_newton, start, warn_unconverged, "grid", points=fits + [None] * cut)
     info["adaptive"] = True
@@ -1130,6 +1137,16 @@ CORRECTION_CLIP = 37.0
 CORRECTION_SMALL = 2000
 ROOT_HALF = np.sqrt(0.5)
 
+#: :func:`site_correction_terms` sums a (combination, row) pair's ``log Z`` as its Taylor
+#: polynomial of degree 4 where its margin ``u`` moves over the points by at most this: the
+#: remainder is then at most ``max |d^5 log Z / du^5| / 120`` at the outermost point, below 2e-3
+#: (the fifth derivative is below 0.25 in absolute value at every ``u`` and scale ``s``, on a
+#: grid of step 5e-4 over +-40 for s from 0.05 to 30), and falls as the fifth power of the
+#: distance from the mean. Section 4.2 simulations, n = 500, d = 50: 44% of the pairs, the
+#: corrected means within 8e-6 sd and sds within 4e-6 of the sums point by point (at 1.5: 60%,
+#: 8e-5 sd).
+CORRECTION_TAYLOR = 1.0
+
 
 def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
     r"""The rows' sum of :func:`log_site_corrections` for rows with score covariances ``Kmat``
@@ -1152,8 +1169,11 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
     (the same values to about 1e-14 relative; a third of the time). Beyond the clip
     :data:`CORRECTION_CLIP` the value continues by the asymptotes: 0 for large ``u``
     (:math:`\Phi(u) = 1`), and :math:`2s u + 2s^2`, linear in ``u``, for ``u + 2s`` very negative.
-    With ``tail_z`` (the points in EP sds), only the points :func:`_tail_points` keeps are
-    evaluated, from the same per-row factors, and the others are ``-inf``.
+    ``u`` is affine in ``dx``: a (combination, row) pair whose ``u`` moves little over the points
+    (:data:`CORRECTION_TAYLOR`) is summed as the Taylor polynomial of degree 4 of its ``log Z`` in
+    ``dx`` (:func:`_taylor_terms`: two ``erfcx`` a pair rather than two a point), the others point
+    by point. With ``tail_z`` (the points in EP sds), only the points :func:`_tail_points` keeps
+    are evaluated, from the same per-row factors, and the others are ``-inf``.
     """
     out = np.zeros(X.shape)
     live = np.flatnonzero(svar > 0)  # combinations without variance under q keep 0
@@ -1165,33 +1185,57 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
         b = np.maximum(vf - Kmat[:, ks].T * kappa, 0.0)
         one = 1.0 - tp * b
         dx = X[ks] - mu[ks, None]  # (k, G)
-        # log K = -log(one)/2 + (a^2 tp - 2 a tn + tn^2 b) / (2 one): a quadratic in dx per row
+        # the block's sums over the rows in powers of dx (but the pairs evaluated point by point):
+        # log K = -log(one)/2 + (a^2 tp - 2 a tn + tn^2 b) / (2 one), a quadratic in dx per row
         c2 = 0.5 * tp / one
-        k0 = (-0.5 * np.log(one) + (mf * mf * c2 - mf * tn / one + 0.5 * tn * tn * b / one)).sum(1)
-        k1 = (2.0 * mf * c2 * kappa - tn * kappa / one).sum(1)
-        k2 = (c2 * kappa * kappa).sum(1)
+        poly = np.zeros((5, ks.size))
+        poly[0] = (-0.5 * np.log(one) + (mf * mf * c2 - mf * tn / one + 0.5 * tn * tn * b / one)).sum(1)
+        poly[0] += n * np.log(0.5)
+        poly[1] = (2.0 * mf * c2 * kappa - tn * kappa / one).sum(1)
+        poly[2] = (c2 * kappa * kappa).sum(1)
         # the tilted normalizer of N(ap, bp), ap = (a - b tn) / one, bp = b / one, at u = (y ap - 1) / s
         s = np.sqrt(np.maximum(b / one, 1e-300))
         with np.errstate(all="ignore"):
             u0 = (y * (mf - b * tn) / one - 1.0) / s
             du = y * kappa / (one * s)
+            reach = np.abs(du) * np.abs(dx).max(axis=1)[:, None]  # u's largest move over the points
+            smooth = ((reach <= CORRECTION_TAYLOR) & (u0 + reach <= CORRECTION_CLIP)
+                      & (u0 - reach >= -CORRECTION_CLIP - 2.0 * s))
+        kt, it = np.nonzero(smooth)
+        if kt.size:
+            terms = _taylor_terms(u0[kt, it], s[kt, it], du[kt, it])
+            for p in range(5):
+                poly[p] += np.bincount(kt, weights=terms[p], minlength=ks.size)
+        kd, idd = np.nonzero(~smooth)  # the pairs evaluated point by point, by combination
+        bounds = np.searchsorted(kd, np.arange(ks.size + 1))
+        u0d, dud, s2d = u0[kd, idd], du[kd, idd], 2.0 * s[kd, idd]
 
-        def at(j, cols=None, k0=k0, k1=k1, k2=k2, s=s, u0=u0, du=du, dx=dx):
-            d = dx[j] if cols is None else np.take_along_axis(dx[j], cols, axis=1)
+        def at(j, cols=None, poly=poly, dx=dx, bounds=bounds, u0d=u0d, dud=dud, s2d=s2d, k=ks.size):
+            jj = np.arange(k)[j]
+            d = dx[jj] if cols is None else np.take_along_axis(dx[jj], cols, axis=1)
+            c = poly[:, jj, None]
+            total = c[0] + d * (c[1] + d * (c[2] + d * (c[3] + d * c[4])))
+            count = bounds[jj + 1] - bounds[jj]
+            m = int(count.sum())
+            if m == 0:
+                return total
+            ends = np.cumsum(count)
+            pairs = np.arange(m) + np.repeat(bounds[jj] - (ends - count), count)
             with np.errstate(all="ignore"):
-                u = u0[j][:, :, None] + du[j][:, :, None] * d[:, None, :]
+                u = u0d[pairs, None] + dud[pairs, None] * d[np.repeat(np.arange(jj.size), count)]
                 # within [-c, c] (s >= 0) nothing is clipped: the clip and the asymptote skipped
                 inside = u.min() >= -CORRECTION_CLIP and u.max() <= CORRECTION_CLIP
                 if not inside:
-                    lo = (-CORRECTION_CLIP - 2.0 * s[j])[:, :, None]
+                    lo = (-CORRECTION_CLIP - s2d[pairs])[:, None]
                 uc = u if inside else np.clip(u, lo, CORRECTION_CLIP)
                 e = erfcx(uc * -ROOT_HALF)
-                e += erfcx((uc + 2.0 * s[j][:, :, None]) * ROOT_HALF)
+                e += erfcx((uc + s2d[pairs, None]) * ROOT_HALF)
                 log_z = np.log(e)
                 log_z -= 0.5 * uc * uc
                 if not inside:
-                    log_z += (2.0 * s[j])[:, :, None] * np.minimum(u - lo, 0.0)
-            return k0[j, None] + k1[j, None] * d + k2[j, None] * (d * d) + log_z.sum(1) + n * np.log(0.5)
+                    log_z += s2d[pairs, None] * np.minimum(u - lo, 0.0)
+            csum = np.concatenate([np.zeros((1, log_z.shape[1])), np.cumsum(log_z, axis=0)])
+            return total + (csum[ends] - csum[ends - count])
 
         if tail_z is None:
             out[ks] = at(slice(None))
@@ -1200,6 +1244,29 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
         else:
             out[ks] = _tail_points(np.full((ks.size, G), np.nan), tail_z, at)
     return out
+
+
+def _taylor_terms(u0, s, du):
+    r"""The Taylor coefficients (5, m) in ``dx`` of ``log Z(u0 + du dx) - log(1/2)`` (the tilted
+    normalizer of :func:`site_correction_terms` at the margin ``u0`` with scale ``s``), up to
+    ``dx^4``. With :math:`T = e^{2su + 2s^2}\Phi(-u - 2s)`, :math:`Z = \Phi(u) + T` and
+    :math:`T' = 2sT - \phi(u)`, so that :math:`Z^{(1)} = 2sT`, :math:`Z^{(2)} = 2s(2sT - \phi)`,
+    :math:`Z^{(3)} = 2s(4s^2T - 2s\phi + u\phi)` and
+    :math:`Z^{(4)} = 2s(4s^2(2sT - \phi) + 2su\phi + \phi - u^2\phi)`. Their ratios to ``Z`` come
+    from the two ``erfcx`` (:math:`T/Z = e_2/(e_1 + e_2)`, :math:`\phi/Z = \sqrt{2/\pi}/(e_1 + e_2)`),
+    and the derivatives of ``log Z`` from the moment-cumulant relations."""
+    e2 = erfcx((u0 + 2.0 * s) * ROOT_HALF)
+    total = erfcx(u0 * -ROOT_HALF) + e2
+    T, P = e2 / total, np.sqrt(2.0 / np.pi) / total
+    a1 = 2.0 * s * T
+    a2 = 2.0 * s * (2.0 * s * T - P)
+    a3 = 2.0 * s * (4.0 * s * s * T - 2.0 * s * P + u0 * P)
+    a4 = 2.0 * s * (4.0 * s * s * (2.0 * s * T - P) + 2.0 * s * u0 * P + P - u0 * u0 * P)
+    g2 = a2 - a1 * a1
+    g3 = a3 - 3.0 * a1 * a2 + 2.0 * a1 ** 3
+    g4 = a4 - 4.0 * a1 * a3 - 3.0 * a2 * a2 + 12.0 * a1 * a1 * a2 - 6.0 * a1 ** 4
+    return np.array([np.log(total) - 0.5 * u0 * u0, a1 * du, g2 * du ** 2 / 2.0, g3 * du ** 3 / 6.0,
+                     g4 * du ** 4 / 24.0])
 
 
 # --------------------------------------------------------------------------- entry point

@@ -17,7 +17,8 @@ with the sites held fixed) and differs at second order, by the sites' response t
 How large that response is, is measured: every EP run of the grid is compared with the frozen
 density of its nearest EP run (:class:`PointEvaluator`), and a point is evaluated with frozen sites
 where the errors so extrapolated are small (with 10^5-10^6 rows and 20 coefficients: every point
-but the first EP runs'; with a few hundred rows, or random intercepts of a few rows each, none).
+but the first EP runs'; with a few hundred rows, or random intercepts of a few rows each, only
+the points far enough in the tails that their errors, times their weight, are as small).
 
 **Mode.** Quasi-Newton on :math:`\log\tilde p(\eta\mid y)` from EP's exact gradients, the curvature
 started from the frozen-site density's (central differences of its gradient, no EP runs) and
@@ -330,6 +331,17 @@ WARM_DAMPING = None
 FROZEN_THETA_ERROR = 0.02
 FROZEN_LP_ERROR = 0.02
 
+#: Frozen-site points in the tails: a point predicted ``drop`` below the best weighs about
+#: ``e^-drop`` of the best, so its errors move the mixture by about that share of them; it is
+#: frozen where both predicted errors are below this times ``e^drop`` (where that exceeds
+#: :data:`FROZEN_THETA_ERROR` and :data:`FROZEN_LP_ERROR`: from ``drop = 5.3`` on, where the two
+#: rules meet). Section 4.2 simulations, n = 100-500, d = 10: 3-16% fewer passes over the rows,
+#: n = 500, d = 50: 7-8% (the points at the ends of the walk, 1-3 sweeps each, frozen); no
+#: coefficient's mean moved by more than 1e-4 sd, nor the penalty's log variance. At 1e-3 the
+#: saving was 3 passes more and the moves up to 7e-4 sd (on one site, the log variance's
+#: mean 1.6e-3 sd off the exact posterior's, 4e-4 at 0 and 1e-4).
+FROZEN_TAIL_SHARE = 1e-4
+
 
 class PointEvaluator:
     """``log p~(eta | y)``, its gradient and the Gaussian at a point of the variance grid: by EP
@@ -343,8 +355,9 @@ class PointEvaluator:
     ``kappa``, predict the error at distance ``r`` from an anchor; a point is frozen when both
     predictions are below :data:`FROZEN_THETA_ERROR` and :data:`FROZEN_LP_ERROR` (the error in
     the moments: the largest over coordinates of the mean's difference in sds and the sd's
-    relative difference). Before the
-    first comparison every point runs EP.
+    relative difference), or, for a point predicted ``drop`` below the best, below
+    :data:`FROZEN_TAIL_SHARE` ``e^drop`` (its errors times its weight's share of the best's).
+    Before the first comparison every point runs EP.
 
     Parameters
     ----------
@@ -431,8 +444,10 @@ class PointEvaluator:
         eta = np.asarray(eta, dtype=float)
         anchor, r = self._nearest(eta)
         fz = self.frozen_sites(anchor) if anchor is not None else None
+        tail = FROZEN_TAIL_SHARE * np.exp(min(predicted_drop, 700.0)) if np.isfinite(predicted_drop) else 0.0
         if (self.frozen and fz is not None and fz.available and self.kappa is not None
-                and self.kappa[0] * r <= FROZEN_THETA_ERROR and self.kappa[1] * r * r <= FROZEN_LP_ERROR):
+                and self.kappa[0] * r <= max(FROZEN_THETA_ERROR, tail)
+                and self.kappa[1] * r * r <= max(FROZEN_LP_ERROR, tail)):
             key = self.ev.key(eta)
             if key in self.ev.cache:
                 return self.ev.cache[key]
