@@ -957,3 +957,29 @@ def test_corrections_read_the_heaviest_point_as_converged_by_the_moment_rule():
     assert np.max(np.abs(m1 - m0) / s0) < 2e-3 and np.max(np.abs(s1 / s0 - 1.0)) < 2e-3
     fit.frozen = True
     assert ep._settled(model, grid, g, 1e-4, 0.5) is not fit
+
+
+def test_corrections_at_huge_score_variances_are_summed_point_by_point():
+    """Nearly separable data at a prior variance of e^15 (scores' sds near 1e4): the Taylor
+    polynomials' derivatives would be differences of terms of size (2 s)^6 and lose every digit,
+    so such pairs are summed point by point (:data:`ep.CORRECTION_TAYLOR_SCALE`); the corrected
+    marginals equal those of the pointwise sums, which they would not without the bound."""
+    train = simulate_luts(100, 50, seed=2, n_test=10)[0]
+    X = np.column_stack([np.ones(100), train.drop(columns="y").to_numpy()])
+    model = LinearSVMModel(X, train["y"].to_numpy(float), [], np.r_[1e-8, np.full(50, np.nan)])
+    fit = ep.expectation_propagation(model, model.prior_precision(np.exp(-np.array([15.0]))), moment_tol=1e-4,
+                                     tol=1e-6, max_sweeps=2000)
+    L = np.eye(model.qd)
+
+    def marginals(bound, scale):
+        saved = ep.CORRECTION_TAYLOR, ep.CORRECTION_TAYLOR_SCALE
+        try:
+            ep.CORRECTION_TAYLOR, ep.CORRECTION_TAYLOR_SCALE = bound, scale
+            return ep.corrected_marginals(fit, model, L)
+        finally:
+            ep.CORRECTION_TAYLOR, ep.CORRECTION_TAYLOR_SCALE = saved
+
+    (m0, s0), (m1, s1) = marginals(0.0, 1.0), marginals(ep.CORRECTION_TAYLOR, ep.CORRECTION_TAYLOR_SCALE)
+    assert np.max(np.abs(m1 - m0) / s0) < 1e-9 and np.max(np.abs(s1 / s0 - 1.0)) < 1e-9
+    m2, s2 = marginals(ep.CORRECTION_TAYLOR, 1e9)
+    assert np.max(np.abs(m2 - m0) / s0) > 1e-3

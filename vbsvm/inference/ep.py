@@ -1154,6 +1154,12 @@ ROOT_HALF = np.sqrt(0.5)
 CORRECTION_TAYLOR = 1.75
 CORRECTION_TAYLOR_ORDER = 6
 
+#: ... and where the margin's scale ``s`` is at most this: the derivatives of ``log Z`` are
+#: differences of terms of size ``(2 s)^k`` (:func:`_taylor_terms`), whose rounding, ``1e-16 (2 s
+#: 1.75)^6 / 6!``, is below 3e-10 at 10 but 3e-4 at 100 (nearly separable data at variances near
+#: e^15, where the scores' sds reach 1e3, then got corrections that moved test errors by 0.02).
+CORRECTION_TAYLOR_SCALE = 10.0
+
 
 def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
     r"""The rows' sum of :func:`log_site_corrections` for rows with score covariances ``Kmat``
@@ -1206,7 +1212,7 @@ def site_correction_terms(Kmat, mf, vf, y, tp, tn, mu, svar, X, tail_z=None):
             u0 = (y * (mf - b * tn) / one - 1.0) / s
             du = y * kappa / (one * s)
             reach = np.abs(du) * np.abs(dx).max(axis=1)[:, None]  # u's largest move over the points
-            smooth = ((reach <= CORRECTION_TAYLOR) & (u0 + reach <= CORRECTION_CLIP)
+            smooth = ((reach <= CORRECTION_TAYLOR) & (s <= CORRECTION_TAYLOR_SCALE) & (u0 + reach <= CORRECTION_CLIP)
                       & (u0 - reach >= -CORRECTION_CLIP - 2.0 * s))
         kt, it = np.nonzero(smooth)
         if kt.size:
