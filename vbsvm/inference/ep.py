@@ -888,9 +888,11 @@ def _adaptive_line(ev, evaluate, mode, lp_mode, grad_mode, res_mode, H, n_newton
     lo, hi = cell_edges(eta[:, 0])
     log_w = lp + np.log(hi - lo)
     heaviest = heaviest_point(fits, log_w)
-    for _, f in evaluate.anchors + [(None, f) for f in fits]:  # as on the lattice, only the heaviest
-        if f is not fits[heaviest]:                             # point keeps its sites
-            f.release_sites()
+    # as on the lattice, only the heaviest point keeps its sites (the EP runs of the mode search
+    # that warm-started the walk included)
+    for res in [res for _, res in evaluate.anchors] + fits:
+        if res is not fits[heaviest]:
+            res.release_sites()
     info = _run_info(ev, n_newton, start, warn_unconverged, "grid", points=fits + [None] * cut)
     info["adaptive"] = True
     info["n_frozen"] = evaluate.n_frozen

@@ -644,8 +644,8 @@ def expectation_propagation(model, tau, *, blocks=(), sites=None, prior=None, da
         towards ``x2`` (at most :data:`SQUAREM_BACKTRACKS` times); kept only if its site
         precisions are non-negative and its residual is below that of ``x1`` (otherwise ``x2``).
         When the largest site change has not halved for :data:`STALL_SWEEPS` sweeps, the run is
-        stalled: the extrapolation stops and the damping halves (again after each further :data:`STALL_SWEEPS` sweeps without a
-        halving; a run that anneals has its own rule). An acath completion at a weak penalty
+        stalled: the extrapolation stops and the damping halves (again after each further
+        :data:`STALL_SWEEPS` sweeps without a halving; a run that anneals has its own rule). An acath completion at a weak penalty
         stalled so at damping 0.5, the sites alternating around the fixed point: with SQUAREM
         throughout, 780 sweeps to tol 1e-4; without it at damping 0.5, 145; at damping 0.35
         with SQUAREM, 65.
